@@ -1,0 +1,88 @@
+"""Preallocated KV cache whose contents always follow the committed path.
+
+Shape letters (see STYLE.md): L layers, B batch rows, Hkv key/value heads, S slots, D head dim,
+T new positions.
+
+Each row b owns ``lengths[b]`` committed slots. A forward pass writes its T new positions into the slots
+right after the committed ones (slot ``lengths[b] + j`` for new position j) *without* committing them;
+the caller then decides how many of them become committed:
+
+    cache.lengths == [5]
+    model.forward([[a, x1, x2, x3]], cache)     # writes slots 5..8, still lengths == [5]
+    cache.commit(0, 2)                          # a and x1 accepted: lengths == [7]
+
+Rolling back is therefore just not committing (or ``set_length``); nothing after ``lengths[b]`` is ever
+attended to by a later forward, because the model masks every slot at or beyond the committed length
+that is not one of the current pass's own positions. ``compact`` moves an accepted tree path, scattered
+over the flattened tree's slots, into the contiguous slots after the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.errors import ContextError
+
+
+class KVCache:
+    """Keys and values for L layers, B rows and up to ``max_len`` positions per row."""
+
+    def __init__(self, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        shape = (num_layers, batch, kv_heads, max_len, head_dim)  # (L, B, Hkv, S, D)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * batch
+        self.max_len = max_len
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def check_room(self, num_new: int) -> None:
+        """Raise ContextError if writing ``num_new`` positions would overflow any row."""
+        longest = max(self.lengths) + num_new
+        if longest > self.max_len:
+            raise ContextError(
+                f"sequence would reach {longest} positions but the cache holds {self.max_len}; "
+                "shorten the prompt or lower max_tokens")
+
+    def write(self, layer: int, new_keys: torch.Tensor, new_values: torch.Tensor) -> None:
+        """Store the pass's new keys/values (B, Hkv, T, D) in the slots after each row's length."""
+        num_new = new_keys.shape[2]
+        if len(set(self.lengths)) == 1:
+            start = self.lengths[0]
+            self.keys[layer, :, :, start:start + num_new] = new_keys
+            self.values[layer, :, :, start:start + num_new] = new_values
+            return
+        for row, start in enumerate(self.lengths):
+            self.keys[layer, row, :, start:start + num_new] = new_keys[row]
+            self.values[layer, row, :, start:start + num_new] = new_values[row]
+
+    def view(self, layer: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first ``num_slots`` slots: each (B, Hkv, num_slots, D)."""
+        return self.keys[layer, :, :, :num_slots], self.values[layer, :, :, :num_slots]
+
+    def commit(self, row: int, num_new: int) -> None:
+        """Make the first ``num_new`` positions written by the last pass part of row's prefix."""
+        self.lengths[row] += num_new
+
+    def set_length(self, row: int, length: int) -> None:
+        """Roll row back (or forward over already written slots) to ``length`` committed slots."""
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"length {length} outside [0, {self.max_len}]")
+        self.lengths[row] = length
+
+    def compact(self, row: int, source_slots: list[int]) -> None:
+        """Copy the KV at ``source_slots`` (absolute, ascending) to the slots after row's prefix and
+        commit them. Used after tree verification: the accepted path's nodes are scattered over the
+        flattened tree, and only they may stay visible."""
+        start = self.lengths[row]
+        if source_slots and source_slots != list(range(start, start + len(source_slots))):
+            index = torch.tensor(source_slots, device=self.keys.device)
+            self.keys[:, row, :, start:start + len(source_slots)] = self.keys[:, row, :, index]
+            self.values[:, row, :, start:start + len(source_slots)] = self.values[:, row, :, index]
+        self.lengths[row] = start + len(source_slots)
+
+    def reset(self) -> None:
+        self.lengths = [0] * self.batch

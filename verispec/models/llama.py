@@ -1,0 +1,347 @@
+"""Native Llama-family decoder (Llama, Qwen2, Mistral) in plain PyTorch, loading HF checkpoint dirs.
+
+RMSNorm, RoPE (with the scaling variants of ``rope.py``), SwiGLU, grouped-query attention, optional
+q/k/v bias (Qwen2) and tied or untied embeddings. Parameter names equal HF's, so a state dict moves
+between the two unchanged.
+
+Inference goes through ``forward(tokens, cache, tree_mask=None, depths=None)``: the T new tokens of
+each row sit right after its committed cache slots, at positions ``length + depth``. Without a tree mask
+the new tokens are a causal chain (depth = index); with one, new token t sees the committed prefix plus
+the new tokens j where ``tree_mask[t, j]`` (its ancestors and itself). Example, one row holding 5
+committed tokens, verifying a chain [a, x1, x2]: positions 5, 6, 7; x2 attends to slots 0..7.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec.cache import KVCache
+from verispec.errors import CheckpointError
+from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF's rope parameters beyond theta: rope_type, factor, ...
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q, k, v and o (Llama's flag)
+    qkv_bias: bool = False  # bias on q, k, v only (Qwen2)
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    model_type: str = "llama"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_context(self) -> int:
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, list) else [self.eos_token_id]
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict) -> "LlamaConfig":
+        model_type = hf.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise CheckpointError(
+                f"model_type {model_type!r} is not a Llama-family architecture the native model supports "
+                f"({', '.join(ARCHITECTURES)}); load it through the transformers adapter instead")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+        rope = dict(hf.get("rope_parameters") or {})
+        rope.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+        for key, value in (hf.get("rope_scaling") or {}).items():
+            rope.setdefault(key, value)
+        if rope.get("type") and "rope_type" not in rope:
+            rope["rope_type"] = rope["type"]
+        sliding = hf.get("sliding_window")
+        if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+            sliding = None
+        return cls(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
+            rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"} or None,
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", False) if model_type != "qwen2" else False,
+            qkv_bias=model_type == "qwen2", mlp_bias=hf.get("mlp_bias", False), sliding_window=sliding,
+            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+            model_type=model_type)
+
+    def to_hf_dict(self) -> dict:
+        rope = {"rope_theta": self.rope_theta, "rope_type": "default", **(self.rope_scaling or {})}
+        out = {
+            "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.kv_heads,
+            "head_dim": self.dim_per_head, "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias, "hidden_act": "silu", "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+        }
+        return out
+
+    def rope_dict(self) -> dict:
+        return {"rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        heads, kv_heads, head_dim = config.num_attention_heads, config.kv_heads, config.dim_per_head
+        qkv_bias = config.attention_bias or config.qkv_bias
+        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=config.attention_bias)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
+                layer: int, mask: torch.Tensor | None, num_slots: int) -> torch.Tensor:
+        batch, num_new, _ = x.shape
+        q = self.q_proj(x).view(batch, num_new, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is None:  # training / full-sequence scoring: plain causal attention
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            cache.write(layer, k, v)
+            k, v = cache.view(layer, num_slots)  # (B, Hkv, S, D)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache, layer, mask, num_slots):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, num_slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The model; see the module docstring for the inference contract."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        frequencies, self.attention_factor = inverse_frequencies(
+            config.dim_per_head, config.rope_dict(), config.max_position_embeddings)
+        self.register_buffer("rope_frequencies", frequencies, persistent=False)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---- inference -------------------------------------------------------------------------------
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        config = self.config
+        weight = self.lm_head.weight
+        return KVCache(config.num_hidden_layers, batch, max_len or config.max_context, config.kv_heads,
+                       config.dim_per_head, dtype=weight.dtype, device=weight.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None = None,
+                depths: torch.Tensor | None = None, last_only: bool = False,
+                num_layers: int | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for T new tokens (B, T) placed after each row's committed slots.
+
+        tree_mask: (T, T) or (B, T, T) bool, new token t may see new token j; default causal.
+        depths: (T,) or (B, T) offsets of the new tokens' positions from the row's length; default
+        0..T-1. last_only: return only the last position's logits (prefill). num_layers: run only the
+        first E layers, then the final norm and LM head (early-exit drafting).
+        """
+        batch, num_new = tokens.shape
+        cache.check_room(num_new)
+        lengths = torch.tensor(cache.lengths, device=tokens.device)
+        if depths is None:
+            depths = torch.arange(num_new, device=tokens.device)
+        positions = lengths[:, None] + depths.expand(batch, num_new)  # (B, T)
+        cos, sin = self._rotary(positions)
+        num_slots = max(cache.lengths) + num_new
+        mask = _attention_mask(cache.lengths, num_new, num_slots, tree_mask, tokens.device)
+        x = self.model.embed_tokens(tokens)
+        for index, layer in enumerate(self.model.layers[:num_layers]):
+            x = layer(x, cos, sin, cache, index, mask, num_slots)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.model.norm(x))
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        needed = int(positions.max()) + 1
+        if self._tables is None or self._tables[0].shape[0] < needed or \
+                self._tables[0].device != positions.device:
+            size = max(needed, self.config.max_position_embeddings)
+            self._tables = rotary_tables(self.rope_frequencies, self.attention_factor, size,
+                                         self.lm_head.weight.dtype, positions.device)
+        cos, sin = self._tables
+        return cos[positions][:, None], sin[positions][:, None]  # (B, 1, T, D)
+
+    # ---- training / full-sequence scoring ---------------------------------------------------------
+
+    def train_forward(self, input_ids: torch.Tensor, skip_layers: frozenset[int] | set[int] = frozenset(),
+                      exit_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Causal logits (B, T, V) over whole sequences, plus hidden states (before the final norm)
+        after ``e`` layers for each e in ``exit_layers``. Layers in ``skip_layers`` are bypassed
+        (LayerSkip's layer dropout)."""
+        batch, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        cos, sin = self._rotary(positions)
+        x = self.model.embed_tokens(input_ids)
+        hidden = {}
+        for index, layer in enumerate(self.model.layers):
+            if index not in skip_layers:
+                x = layer(x, cos, sin, None, index, None, length)
+            if index + 1 in exit_layers:
+                hidden[index + 1] = x
+        return self.lm_head(self.model.norm(x)), hidden
+
+
+def _attention_mask(lengths: list[int], num_new: int, num_slots: int, tree_mask: torch.Tensor | None,
+                    device) -> torch.Tensor | None:
+    """Bool mask (B, 1, T, S): committed slots, plus the pass's own slots allowed by the tree mask."""
+    if tree_mask is None and num_new == 1 and len(set(lengths)) == 1:
+        return None  # one new token after a shared prefix sees every slot
+    if tree_mask is None:
+        tree_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
+    lengths_t = torch.tensor(lengths, device=device)
+    relative = torch.arange(num_slots, device=device)[None, :] - lengths_t[:, None]  # (B, S)
+    committed = relative < 0
+    inside = (relative >= 0) & (relative < num_new)
+    gather_index = relative.clamp(0, num_new - 1)[:, None, :].expand(len(lengths), num_new, num_slots)
+    own = tree_mask.expand(len(lengths), num_new, num_new).gather(2, gather_index) & inside[:, None, :]
+    return (committed[:, None, :] | own)[:, None]  # (B, 1, T, S)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """Load an HF checkpoint directory (config.json + *.safetensors, sharded or not)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config_path = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist; pass a directory "
+                              "holding config.json and *.safetensors")
+    if not config_path.is_file():
+        raise CheckpointError(f"{str(path)!r} has no config.json; is it an HF checkpoint directory?")
+    try:
+        hf = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON ({err}); re-export the checkpoint") from None
+    config = LlamaConfig.from_hf_dict(hf)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{str(path)!r} holds no *.safetensors weights (PyTorch .bin files are not "
+                              "loaded for safety; convert them with transformers' save_pretrained)")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except Exception as err:  # safetensors raises several types for truncated/corrupt files
+            raise CheckpointError(f"cannot read {file}: {err}") from None
+    model = LlamaForCausalLM(config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]}")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def save_checkpoint(model: LlamaForCausalLM, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write config.json + model.safetensors that both this loader and transformers load."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf = model.config.to_hf_dict()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    state = {name: tensor.detach().to(dtype).contiguous() for name, tensor in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
