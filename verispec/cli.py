@@ -1,0 +1,176 @@
+"""Thin command-line dispatcher: verispec {demo, generate, train}.
+
+Every error a user can cause prints one line ``verispec: error: ...`` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from verispec.errors import VerispecError
+
+EPILOG = "Run 'verispec COMMAND --help' for a command's options. Docs: README.md."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args) or 0
+    except VerispecError as err:
+        print(f"verispec: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("verispec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `verispec generate --json ... | head`
+        sys.stderr.close()
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verispec", epilog=EPILOG,
+        description="Lossless speculative decoding: a drafter proposes, the target verifies in one pass, "
+                    "and a rejection sampler keeps the target's output distribution exactly.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser("demo", help="run held-out prompts with speculation off and on (the main job)",
+                               description="Load the embedded model pair, decode a few held-out prompts per "
+                                           "workload with speculation off and on, and print speed, acceptance "
+                                           "and whether greedy output is identical.")
+    demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
+    demo.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    demo.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    demo.set_defaults(run=_run_demo)
+
+    gen = commands.add_parser("generate", help="decode one prompt, with or without speculation",
+                              description="Decode PROMPT with the target, verifying a draft model's proposals. "
+                                          "With no --target/--draft the embedded default pair is used.")
+    gen.add_argument("prompt", metavar="PROMPT", help="prompt text (use --chat to apply the chat template)")
+    add_model_options(gen)
+    add_sampling_options(gen)
+    gen.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    gen.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
+    gen.add_argument("--max-tokens", type=int, default=64, help="maximum new tokens (default 64)")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop string (repeatable); the text is cut before it")
+    gen.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message with the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, stats")
+    gen.add_argument("--verbose", action="store_true", help="log progress")
+    gen.set_defaults(run=_run_generate)
+
+    train = commands.add_parser("train", help="train the embedded pair (tokenizer | target | draft)",
+                                add_help=False)
+    train.add_argument("rest", nargs=argparse.REMAINDER)
+    train.set_defaults(run=_run_train)
+    return parser
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", metavar="DIR", help="target checkpoint dir (HF format); default: embedded")
+    parser.add_argument("--draft", metavar="DIR", help="draft checkpoint dir (HF format); default: embedded")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (0 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
+def sampling_from_args(args):
+    from verispec.config import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+
+
+def _run_generate(args) -> int:
+    from verispec.config import SpecConfig, StopRules
+    from verispec.loading import build_engine, load_pair
+
+    sampling = sampling_from_args(args)
+    spec = SpecConfig(method="none" if args.no_spec else "chain", gamma=args.gamma)
+    if (args.target is None) != (args.draft is None) and not (args.no_spec and args.target):
+        raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
+                            "(--no-spec needs only --target)")
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=spec.enabled)
+    tokenizer = pair.tokenizer
+    prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
+    stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),
+                     ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop))
+    engine = build_engine(pair, spec)
+    result = engine.generate(prompt_ids, sampling, spec, stop, seed=args.seed)
+    text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+    if result.stop_text_index is not None:
+        text = text[:result.stop_text_index]
+    summary = result.stats.summary()
+    if args.json:
+        print(json.dumps({"tokens": result.tokens, "text": text, "stats": summary}))
+        return 0
+    print(text)
+    print()
+    print(format_stats(summary, spec.enabled))
+    return 0
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    if chat:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    return list(tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def eos_ids(tokenizer, target) -> list[int]:
+    ids = set(target.config.eos_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def format_stats(summary: dict, speculative: bool) -> str:
+    split = summary["time_split"]
+    rows = [
+        ("generated tokens", f"{summary['generated_tokens']} ({summary['finish_reason']})"),
+        ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
+        ("TTFT ms", f"{summary['ttft_ms']:.1f}"),
+        ("rounds", str(summary["rounds"])),
+    ]
+    if speculative:
+        conditional = summary["per_position_acceptance"]["conditional"]
+        rows += [
+            ("committed tokens/round", f"{summary['committed_per_round']:.2f}"),
+            ("draft acceptance rate", f"{summary['acceptance_rate']:.3f} ({summary['accepted']}/{summary['drafted']})"),
+            ("acceptance by position", " ".join(f"{a:.2f}" for a in conditional) + " (conditional)"),
+        ]
+    rows.append(("time split ms", " ".join(f"{k.removesuffix('_ms')}={v:.0f}" for k, v in split.items())))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _run_demo(args) -> int:
+    from verispec.demo import run_demo
+
+    return run_demo(args)
+
+
+def _run_train(args) -> int:
+    try:
+        from verispec.train.train import main as train_main
+    except ImportError as err:
+        raise VerispecError(f"training needs the 'train' extra ({err}); pip install 'verispec[train]'") from None
+    return train_main(args.rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The proposer interface (in the spirit of HF's candidate generators): propose, then learn what was kept.
+
+A round, from the engine's side:
+
+    proposal = drafter.propose(context, num_drafts=4, sampling=params, generator=g)
+    ...target verifies, commits num_accepted drafts plus one recovered/bonus token...
+    drafter.commit(new_context)   # drafter rolls its own state back to the committed tokens
+
+``context`` is every committed token of the sequence (prompt + generated); its last token is the one
+whose successor is being drafted. ``proposal.probs`` must describe what the drafter actually did: the
+transformed distribution each draft was sampled from, or None for point-mass (greedy, lookup) drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from verispec.config import SamplingParams
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # (K,) int64
+    probs: torch.Tensor | None  # (K, V) float32, or None: point masses on `tokens`
+
+    @property
+    def num_drafts(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(Protocol):
+    def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Proposal: ...
+
+    def commit(self, context: list[int]) -> None: ...
+
+    def reset(self) -> None: ...

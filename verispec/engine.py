@@ -1,0 +1,195 @@
+"""The speculative decoding loop: propose -> verify -> commit -> record.
+
+    engine = SpecEngine(target, DraftModelDrafter(draft))
+    result = engine.generate(prompt_ids, SamplingParams(temperature=0), SpecConfig(gamma=4),
+                             StopRules(max_tokens=64, eos_ids=(0,)), seed=1)
+    result.tokens, result.stats.summary()["committed_per_round"]
+
+Invariants kept by every round (DESIGN.md "KV state follows the committed path"):
+- ``context`` holds every committed token; the target cache holds the KV of all of them but the
+  last, which is the previous round's recovered or bonus token (or the first sampled token). It is
+  fed, together with the drafts, at the start of the next round.
+- Plain decoding is the same loop with zero drafts: the "bonus" token is then a sample from p.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from verispec.cache import KVCache
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters.base import Drafter, Proposal
+from verispec.errors import ContextError, VerispecError
+from verispec.models.llama import LlamaForCausalLM
+from verispec.sampling import logits_to_probs, sample_from
+from verispec.stats import RequestStats, RoundRecord
+from verispec.verify.chain import ChainResult, verify_chain
+
+Decode = Callable[[list[int]], str]
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    stats: RequestStats
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    stop_text_index: int | None = None  # where a matched stop string starts in decode(tokens)
+
+
+class SpecEngine:
+    def __init__(self, target: LlamaForCausalLM, drafter: Drafter | None = None, decode: Decode | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.decode = decode
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
+                 spec: SpecConfig = SpecConfig(), stop: StopRules = StopRules(), seed: int = 0) -> GenerationResult:
+        generation = self.stream(prompt_ids, sampling, spec, stop, seed)
+        for _ in generation:
+            pass
+        return generation.result
+
+    def stream(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
+               spec: SpecConfig = SpecConfig(), stop: StopRules = StopRules(), seed: int = 0) -> "Generation":
+        """An iterator over emitted chunks (lists of token ids); ``.result`` once exhausted."""
+        if spec.enabled and self.drafter is None:
+            raise VerispecError("speculation is on but no drafter was given; pass a draft model or use --no-spec")
+        return Generation(self, list(prompt_ids), sampling, spec, stop, seed)
+
+
+class Generation:
+    """One request's decoding loop. Iterate to run it; each item is the chunk a round emitted."""
+
+    def __init__(self, engine: SpecEngine, prompt_ids: list[int], sampling: SamplingParams,
+                 spec: SpecConfig, stop: StopRules, seed: int):
+        max_context = engine.target.config.max_context
+        if not prompt_ids:
+            raise VerispecError("the prompt is empty; give at least one token")
+        if len(prompt_ids) + stop.max_tokens > max_context:
+            raise ContextError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({stop.max_tokens}) exceeds the "
+                               f"model's context of {max_context} tokens; shorten the prompt or lower max_tokens")
+        self.engine, self.sampling, self.spec, self.stop = engine, sampling, spec, stop
+        self.generator = torch.Generator().manual_seed(seed)
+        self.context = list(prompt_ids)
+        self.generated: list[int] = []
+        self.stats = RequestStats(prompt_tokens=len(prompt_ids))
+        self.result: GenerationResult | None = None
+        gamma = spec.gamma if spec.enabled else 0
+        self.cache: KVCache = engine.target.new_cache(1, min(max_context, len(prompt_ids) + stop.max_tokens + gamma + 1))
+        self.finish_reason: str | None = None
+        self.stop_text_index: int | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = time.perf_counter()
+        if self.engine.drafter is not None:
+            self.engine.drafter.reset()
+        first = self._prefill()
+        self.stats.ttft_s = time.perf_counter() - start
+        last_emit = time.perf_counter()
+        self.stats.token_gaps_s.append(self.stats.ttft_s)
+        chunk = self._emit([first])
+        yield chunk
+        while self.finish_reason is None:
+            record = RoundRecord(drafted=0, accepted=0, committed=0, last_kind="bonus")
+            proposal = self._propose(record)
+            verdict = self._verify(proposal, record)
+            chunk = self._commit(verdict, record)
+            now = time.perf_counter()
+            self._record(record, chunk, now - last_emit)
+            last_emit = now
+            if chunk:
+                yield chunk
+        self.stats.e2e_s = time.perf_counter() - start
+        self.stats.finish_reason = self.finish_reason
+        self.result = GenerationResult(self.generated, self.stats, self.finish_reason, self.stop_text_index)
+
+    # ---- the steps ----------------------------------------------------------------------------------
+
+    def _prefill(self) -> int:
+        began = time.perf_counter()
+        logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True)
+        self.cache.commit(0, len(self.context))
+        token = sample_from(logits_to_probs(logits[0, -1], self.sampling), self.generator)
+        self.stats.prefill_s = time.perf_counter() - began
+        return token
+
+    def _propose(self, record: RoundRecord) -> Proposal:
+        began = time.perf_counter()
+        remaining = self.stop.max_tokens - len(self.generated)
+        num_drafts = min(self.spec.gamma, remaining - 1) if self.spec.enabled else 0
+        if num_drafts <= 0:
+            proposal = Proposal(torch.empty(0, dtype=torch.long), None)
+        else:
+            proposal = self.engine.drafter.propose(self.context, num_drafts, self.sampling, self.generator)
+        record.draft_s = time.perf_counter() - began
+        record.drafted = record.tree_nodes = proposal.num_drafts
+        return proposal
+
+    def _verify(self, proposal: Proposal, record: RoundRecord) -> ChainResult:
+        began = time.perf_counter()
+        fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
+        logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
+        target_probs = logits_to_probs(logits, self.sampling)
+        verdict = verify_chain(draft_tokens=proposal.tokens, draft_probs=proposal.probs,
+                               target_probs=target_probs, generator=self.generator)
+        record.verify_s = time.perf_counter() - began
+        record.accepted = verdict.num_accepted
+        record.last_kind = verdict.last_kind
+        return verdict
+
+    def _commit(self, verdict: ChainResult, record: RoundRecord) -> list[int]:
+        began = time.perf_counter()
+        # The fed last token and the accepted drafts now have valid KV; the new last token does not.
+        self.cache.commit(0, 1 + verdict.num_accepted)
+        kept = self._emit(verdict.tokens)
+        if self.engine.drafter is not None and self.finish_reason is None:
+            self.engine.drafter.commit(self.context)
+        record.state_s = time.perf_counter() - began
+        record.committed = len(kept)
+        if len(kept) < len(verdict.tokens):
+            record.last_kind = "cut"
+        return kept
+
+    def _record(self, record: RoundRecord, chunk: list[int], gap_s: float) -> None:
+        record.other_s = max(0.0, gap_s - record.draft_s - record.verify_s - record.state_s)
+        self.stats.rounds.append(record)
+        if chunk:
+            self.stats.chunk_gaps_s.append(gap_s)
+            self.stats.token_gaps_s.extend([gap_s] + [0.0] * (len(chunk) - 1))
+
+    # ---- stop rules ----------------------------------------------------------------------------------
+
+    def _emit(self, tokens: list[int]) -> list[int]:
+        """Append tokens to the output up to the first stop condition; return those kept."""
+        stop = self.stop
+        kept = tokens[:stop.max_tokens - len(self.generated)]
+        if not stop.ignore_eos:
+            for i, token in enumerate(kept):
+                if token in stop.eos_ids:
+                    kept = kept[:i + 1]
+                    self.finish_reason = "stop"
+                    break
+        kept = self._cut_at_stop_string(kept)
+        self.generated.extend(kept)
+        self.context.extend(kept)
+        self.stats.generated_tokens = len(self.generated)
+        if self.finish_reason is None and len(self.generated) >= stop.max_tokens:
+            self.finish_reason = "length"
+        return kept
+
+    def _cut_at_stop_string(self, kept: list[int]) -> list[int]:
+        if not self.stop.stop_strings or self.engine.decode is None:
+            return kept
+        decode = self.engine.decode
+        for count in range(1, len(kept) + 1):
+            text = decode(self.generated + kept[:count])
+            hits = [text.find(s) for s in self.stop.stop_strings if s in text]
+            if hits:
+                self.finish_reason = "stop"
+                self.stop_text_index = min(hits)
+                return kept[:count]
+        return kept

@@ -1,0 +1,77 @@
+"""Logits -> probabilities, and inverse-CDF sampling. Pure functions over tensors.
+
+One pipeline for target and draft of the same request, in float32:
+temperature -> top-k -> top-p -> min-p -> renormalise. Temperature 0 is greedy: a one-hot on the
+argmax (lowest token id on ties).
+
+Example (V = 4): logits [2, 1, 0, -inf] at temperature 1 give probs [0.665, 0.245, 0.090, 0]; with
+top_k=2 they become [0.731, 0.269, 0, 0]; greedy gives [1, 0, 0, 0].
+
+Filters keep ties at their boundary (top-k keeps every token whose probability equals the k-th), so
+the result depends only on the distribution, never on sort stability: the same p always gives the
+same transformed p, which is all losslessness needs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.config import SamplingParams
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Transformed probabilities (..., V) float32 for logits (..., V)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_k and params.top_k < probs.shape[-1]:
+        kth = probs.topk(params.top_k, dim=-1).values[..., -1:]
+        probs = _renormalise(probs * (probs >= kth))
+    if params.top_p < 1:
+        probs = _renormalise(_top_p(probs, params.top_p))
+    if params.min_p > 0:
+        threshold = params.min_p * probs.amax(-1, keepdim=True)
+        probs = _renormalise(probs * (probs >= threshold))
+    return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # Keep the smallest high-probability set whose mass reaches top_p: a token stays if the mass
+    # strictly above it (plus ties before it) is still short of top_p.
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    keep_sorted = mass_before < top_p
+    # A token tied with a kept token is kept too, so the filter does not depend on tie order.
+    cutoff = torch.where(keep_sorted, sorted_probs, torch.full_like(sorted_probs, float("inf")))
+    cutoff = cutoff.amin(-1, keepdim=True)
+    return probs * (probs >= cutoff)
+
+
+def _renormalise(probs: torch.Tensor) -> torch.Tensor:
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def sample(probs: torch.Tensor, u: float | torch.Tensor) -> int:
+    """Inverse CDF in token-id order for an explicit uniform u in [0, 1) (SEED.md's ``sample``).
+
+    ``probs`` (V,) need not be normalised: u is scaled by the total mass, so an unnormalised
+    residual max(0, p - q) can be sampled directly. Zero-mass tokens are never returned.
+    """
+    return int(sample_batch(probs[None], torch.as_tensor([float(u)]))[0])
+
+
+def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row-wise inverse CDF: probs (B, V), uniforms (B,) -> token ids (B,) int64."""
+    assert probs.dim() == 2 and uniforms.shape == probs.shape[:1], (probs.shape, uniforms.shape)
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    target = uniforms.double().to(cdf.device)[:, None] * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, target, right=True)[:, 0]
+    # u * total can round up to total; fall back to the last token that has mass.
+    last_with_mass = (probs > 0).long().cumsum(-1).argmax(-1)
+    return torch.minimum(tokens, last_with_mass)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token from probs (V,) with a uniform from ``generator``."""
+    return sample(probs, torch.rand((), generator=generator).item())
