@@ -49,7 +49,8 @@ class DraftModelDrafter:
 
     def commit(self, context: list[int]) -> None:
         """``context`` is now the committed sequence: keep only the KV of its tokens we have seen."""
-        keep = _common_prefix_length(self.seen, context)
+        # Always leave the last committed token unseen: its logits are what the next propose needs.
+        keep = min(_common_prefix_length(self.seen, context), len(context) - 1)
         self.seen = self.seen[:keep]
         self.cache.set_length(0, keep)
 

@@ -1,0 +1,151 @@
+"""Engine: greedy spec == plain token for token, KV invariant, stop rules, streaming, statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters import DraftModelDrafter
+from verispec.engine import SpecEngine
+from verispec.errors import ContextError, SamplingError
+from verispec.models.llama import load_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [3, 14, 15, 9, 26, 5]
+
+
+@pytest.fixture(scope="module")
+def models(checkpoints):
+    return {name: load_checkpoint(path) for name, path in checkpoints.items()}
+
+
+def plain(target, prompt=PROMPT, max_tokens=40, sampling=GREEDY, seed=0):
+    return SpecEngine(target).generate(prompt, sampling, SpecConfig(method="none"),
+                                       StopRules(max_tokens=max_tokens), seed=seed)
+
+
+@pytest.mark.parametrize("target_name,draft_name", [("llama", "draft"), ("qwen2", "draft_qwen2"),
+                                                    ("llama_tied", "draft"), ("qwen2", "llama")])
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+def test_greedy_spec_equals_plain(models, target_name, draft_name, gamma):
+    target = models[target_name]
+    reference = plain(target)
+    engine = SpecEngine(target, DraftModelDrafter(models[draft_name]))
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(gamma=gamma), StopRules(max_tokens=40))
+    assert result.tokens == reference.tokens
+    assert result.stats.generated_tokens == 40
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_draft_equal_to_target_accepts_everything(models, name, gamma):
+    target = models[name]
+    engine = SpecEngine(target, DraftModelDrafter(target))
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(gamma=gamma), StopRules(max_tokens=37))
+    assert result.tokens == plain(target, max_tokens=37).tokens
+    rounds = result.stats.rounds
+    assert result.stats.acceptance_rate == 1.0
+    # Every round but the last commits gamma + 1; the last is shortened only by max_tokens.
+    assert all(r.committed == gamma + 1 for r in rounds[:-1])
+    assert 1 <= rounds[-1].committed <= gamma + 1
+
+
+def test_draft_equal_to_target_accepts_everything_when_sampling(models):
+    """p == q: acceptance is certain under any sampling transform (no 0/0 residual)."""
+    target = models["llama"]
+    engine = SpecEngine(target, DraftModelDrafter(target))
+    for params in [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)]:
+        result = engine.generate(PROMPT, params, SpecConfig(gamma=4), StopRules(max_tokens=30), seed=11)
+        assert result.stats.acceptance_rate == 1.0
+
+
+def assert_cache_matches_fresh_prefill(model, cache, tokens):
+    fresh = model.new_cache(1, cache.max_len)
+    model.forward(torch.tensor([tokens]), fresh)
+    n = len(tokens)
+    assert cache.lengths[0] == n
+    assert torch.allclose(cache.keys[:, 0, :, :n], fresh.keys[:, 0, :, :n], atol=1e-5)
+    assert torch.allclose(cache.values[:, 0, :, :n], fresh.values[:, 0, :, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)])
+def test_kv_cache_equals_fresh_prefill_after_rounds(models, params):
+    """DESIGN.md invariant: after any rounds the target cache holds exactly the committed prefix
+    (all committed tokens but the last, which is fed next round); the draft cache likewise."""
+    target, draft = models["llama"], models["draft"]
+    drafter = DraftModelDrafter(draft)
+    engine = SpecEngine(target, drafter)
+    generation = engine.stream(PROMPT, params, SpecConfig(gamma=3), StopRules(max_tokens=200), seed=5)
+    for count, _ in enumerate(generation):
+        if count == 12:
+            break
+    assert any(r.accepted < r.drafted for r in generation.stats.rounds), "want some rejections"
+    assert_cache_matches_fresh_prefill(target, generation.cache, generation.context[:-1])
+    assert drafter.seen == generation.context[:len(drafter.seen)]
+    assert_cache_matches_fresh_prefill(draft, drafter.cache, drafter.seen)
+
+
+def test_streaming_chunks_concatenate_to_result(models):
+    engine = SpecEngine(models["llama"], DraftModelDrafter(models["draft"]))
+    generation = engine.stream(PROMPT, SamplingParams(temperature=1.0), SpecConfig(gamma=4), StopRules(max_tokens=50), seed=3)
+    chunks = list(generation)
+    assert [t for c in chunks for t in c] == generation.result.tokens
+    assert len(chunks) == len(generation.result.stats.rounds) + 1  # the first token is its own chunk
+    again = engine.generate(PROMPT, SamplingParams(temperature=1.0), SpecConfig(gamma=4), StopRules(max_tokens=50), seed=3)
+    assert again.tokens == generation.result.tokens  # seeded runs reproduce
+
+
+def test_eos_ends_round_and_nothing_after_is_committed(models):
+    target = models["llama"]
+    reference = plain(target, max_tokens=40).tokens
+    eos = reference[10]  # pretend the 11th token is EOS
+    first = reference.index(eos)
+    engine = SpecEngine(target, DraftModelDrafter(target))  # all drafts accepted: EOS lands mid-round
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(gamma=4), StopRules(max_tokens=40, eos_ids=(eos,)))
+    assert result.tokens == reference[:first + 1]
+    assert result.finish_reason == "stop"
+    ignored = engine.generate(PROMPT, GREEDY, SpecConfig(gamma=4),
+                              StopRules(max_tokens=40, eos_ids=(eos,), ignore_eos=True))
+    assert ignored.tokens == reference and ignored.finish_reason == "length"
+
+
+def test_stop_string_cuts_output(models):
+    target = models["llama"]
+    decode = lambda ids: "".join(chr(65 + i % 26) for i in ids)
+    reference = plain(target, max_tokens=30).tokens
+    stop_text = decode(reference)[12:14]
+    engine = SpecEngine(target, DraftModelDrafter(models["draft"]), decode=decode)
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(gamma=4), StopRules(max_tokens=30, stop_strings=(stop_text,)))
+    text = decode(result.tokens)
+    assert result.finish_reason == "stop"
+    assert stop_text in text and stop_text not in text[:-1]  # cut at the first token completing it
+    assert text[:result.stop_text_index] + stop_text == text[:result.stop_text_index + len(stop_text)]
+
+
+def test_statistics_are_consistent(models):
+    engine = SpecEngine(models["llama"], DraftModelDrafter(models["draft"]))
+    result = engine.generate(PROMPT, SamplingParams(temperature=1.0), SpecConfig(gamma=4), StopRules(max_tokens=60), seed=1)
+    stats = result.stats
+    summary = stats.summary()
+    assert sum(r.committed for r in stats.rounds) + 1 == stats.generated_tokens == 60
+    assert summary["drafted"] == sum(r.drafted for r in stats.rounds)
+    assert summary["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
+    assert sum(summary["acceptance_histogram"]) == len(stats.rounds)
+    uncond = summary["per_position_acceptance"]["unconditional"]
+    assert all(a >= b - 1e-12 for a, b in zip(uncond, uncond[1:]))  # accepting i+1 implies accepting i
+    assert len(stats.token_gaps_s) == stats.generated_tokens
+    assert summary["ttft_ms"] > 0 and summary["tokens_per_s"] > 0
+
+
+def test_bad_requests_raise_user_errors(models):
+    target = models["llama"]
+    engine = SpecEngine(target)
+    with pytest.raises(ContextError, match="exceeds the model's context"):
+        engine.generate(list(range(10)) * 60, GREEDY, SpecConfig(method="none"), StopRules(max_tokens=10))
+    with pytest.raises(SamplingError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(SamplingError):
+        StopRules(max_tokens=0)
+    with pytest.raises(SamplingError):
+        SpecConfig(gamma=0)

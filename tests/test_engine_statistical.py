@@ -1,0 +1,107 @@
+"""End to end: sequences sampled by speculative decoding follow the target's exact distribution.
+
+A target with a 4-token vocabulary and a different random draft; for 4-token continuations we compute
+the target's exact sequence probabilities by teacher forcing (with the sampling transform applied),
+then draw N sequences with the engine (gamma 2, so rounds both accept and reject) and compare:
+Pearson chi-square over cells with expected count >= 5 (the rest pooled) must not reject at
+p = 1e-4, and the total-variation distance must stay under 2 * E[TV] for multinomial noise
+(E[TV] ~ sum_i sqrt(p_i (1 - p_i) / (2 pi N))). A verifier that resamples from p after a rejection
+must fail the same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import verispec.engine as engine_module
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters import DraftModelDrafter
+from verispec.engine import SpecEngine
+from verispec.models.llama import load_checkpoint
+from verispec.sampling import sample_batch
+from verispec.testing import make_checkpoint
+from verispec.verify.chain import ChainResult, verify_chain
+
+VOCAB, LENGTH, SAMPLES = 4, 4, 2000
+PROMPT = [1, 2, 3, 0, 2]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    target = load_checkpoint(make_checkpoint(root / "t", VOCAB, hidden=32, layers=2, seed=21))
+    draft = load_checkpoint(make_checkpoint(root / "d", VOCAB, hidden=16, layers=1, heads=2, kv_heads=1, seed=22))
+    return target, draft
+
+
+def exact_target_distribution(target, sampling: SamplingParams) -> dict[tuple[int, ...], float]:
+    from verispec.sampling import logits_to_probs
+
+    table = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+            logits = target.train_forward(torch.tensor([PROMPT + list(seq[:-1])]))[0][0, len(PROMPT) - 1:]
+            probs = logits_to_probs(logits, sampling)  # (LENGTH, V): the distribution of each next token
+            table[seq] = math.prod(float(probs[i, token]) for i, token in enumerate(seq))
+    return table
+
+
+def sample_sequences(target, draft, sampling):
+    engine = SpecEngine(target, DraftModelDrafter(draft))
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(SAMPLES):
+        tokens = tuple(engine.generate(PROMPT, sampling, SpecConfig(gamma=2), StopRules(max_tokens=LENGTH), seed=seed).tokens)
+        counts[tokens] = counts.get(tokens, 0) + 1
+    return counts
+
+
+def agreement(expected: dict, counts: dict) -> tuple[float, float, float]:
+    """(chi-square p-value, TV distance, TV bound)."""
+    n = sum(counts.values())
+    assert set(counts) <= {k for k, v in expected.items() if v > 0}, "sampled a zero-probability sequence"
+    big = [k for k, v in expected.items() if v * n >= 5]
+    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    predicted = [expected[k] * n for k in big] + [n - sum(expected[k] * n for k in big)]
+    if predicted[-1] < 1e-9:
+        observed, predicted = observed[:-1], predicted[:-1]
+    p_value = chisquare(observed, predicted).pvalue
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - v) for k, v in expected.items())
+    mean_tv = sum(math.sqrt(v * (1 - v) / (2 * math.pi * n)) for v in expected.values())
+    return p_value, tv, 2 * mean_tv
+
+
+SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.9, min_p=0.1)]
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_spec_samples_follow_target(tiny_pair, sampling):
+    target, draft = tiny_pair
+    expected = exact_target_distribution(target, sampling)
+    counts = sample_sequences(target, draft, sampling)
+    p_value, tv, bound = agreement(expected, counts)
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
+def resample_from_target_after_rejection(draft_tokens, draft_probs, target_probs, generator=None, **_):
+    """Known-wrong: on rejection draw from p instead of norm(max(0, p - q))."""
+    correct = verify_chain(draft_tokens=draft_tokens, draft_probs=draft_probs, target_probs=target_probs,
+                           generator=generator)
+    if correct.last_kind == "bonus":
+        return correct
+    at = correct.num_accepted
+    token = int(sample_batch(target_probs[at][None], torch.rand(1, generator=generator))[0])
+    return ChainResult(correct.tokens[:-1] + [token], at, "recovered")
+
+
+def test_broken_verifier_fails_the_same_test(tiny_pair, monkeypatch):
+    target, draft = tiny_pair
+    sampling = SETTINGS[0]
+    expected = exact_target_distribution(target, sampling)
+    monkeypatch.setattr(engine_module, "verify_chain", resample_from_target_after_rejection)
+    p_value, tv, bound = agreement(expected, sample_sequences(target, draft, sampling))
+    assert p_value < 1e-4 or tv > bound, (p_value, tv, bound)
