@@ -27,7 +27,7 @@ from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
-from verispec.verify.chain import ChainResult, verify_chain
+from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
 
 Decode = Callable[[list[int]], str]
 
@@ -133,9 +133,12 @@ class Generation:
         began = time.perf_counter()
         fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
         logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
-        target_probs = logits_to_probs(logits, self.sampling)
-        verdict = verify_chain(draft_tokens=proposal.tokens, draft_probs=proposal.probs,
-                               target_probs=target_probs, generator=self.generator)
+        if self.sampling.greedy:
+            verdict = verify_chain_greedy(proposal.tokens.tolist(), logits.argmax(-1).tolist())
+        else:
+            target_probs = logits_to_probs(logits, self.sampling)
+            verdict = verify_chain(draft_tokens=proposal.tokens, draft_probs=proposal.probs,
+                                   target_probs=target_probs, generator=self.generator)
         record.verify_s = time.perf_counter() - began
         record.accepted = verdict.num_accepted
         record.last_kind = verdict.last_kind

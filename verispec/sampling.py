@@ -58,7 +58,8 @@ def sample(probs: torch.Tensor, u: float | torch.Tensor) -> int:
     ``probs`` (V,) need not be normalised: u is scaled by the total mass, so an unnormalised
     residual max(0, p - q) can be sampled directly. Zero-mass tokens are never returned.
     """
-    return int(sample_batch(probs[None], torch.as_tensor([float(u)]))[0])
+    # float64: a default (float32) tensor would round u, moving it across nearby CDF boundaries.
+    return int(sample_batch(probs[None], torch.tensor([float(u)], dtype=torch.float64))[0])
 
 
 def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -39,13 +39,15 @@ class DraftModelDrafter:
             logits = self.model.forward(torch.tensor([feed]), self.cache, last_only=True)[0, -1]
             self.cache.commit(0, len(feed))
             self.seen.extend(feed)
-            step_probs = logits_to_probs(logits, sampling)
-            token = int(step_probs.argmax()) if sampling.greedy else sample_from(step_probs, generator)
+            if sampling.greedy:  # a point mass on the argmax: no probabilities needed
+                token = int(logits.argmax())
+            else:
+                step_probs = logits_to_probs(logits, sampling)
+                token = sample_from(step_probs, generator)
+                probs.append(step_probs)
             tokens.append(token)
-            probs.append(step_probs)
             feed = [token]
-        return Proposal(torch.tensor(tokens, dtype=torch.long),
-                        None if sampling.greedy or not probs else torch.stack(probs))
+        return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
 
     def commit(self, context: list[int]) -> None:
         """``context`` is now the committed sequence: keep only the KV of its tokens we have seen."""

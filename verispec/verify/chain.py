@@ -63,10 +63,26 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, t
         final_uniform = torch.rand((), generator=generator, dtype=torch.float64).item()
     accepted, tokens, kinds = verify_chain_batch(
         draft_tokens[None], None if draft_probs is None else draft_probs[None], target_probs[None],
-        torch.as_tensor(uniforms, dtype=torch.float64)[None], torch.tensor([float(final_uniform)]))
+        torch.as_tensor(uniforms, dtype=torch.float64)[None],
+        torch.tensor([float(final_uniform)], dtype=torch.float64))  # float64: exact replay of the draw
     num_accepted = int(accepted[0])
     return ChainResult(tokens[0, :num_accepted + 1].tolist(), num_accepted,
                        "bonus" if kinds[0] else "recovered")
+
+
+def verify_chain_greedy(draft_tokens: list[int], target_argmax: list[int]) -> ChainResult:
+    """Greedy fast path: with one-hot p (temperature 0) and point-mass drafts, draft i is accepted iff
+    it equals the target's argmax at its position, and the recovered / bonus token is that argmax.
+    Identical to ``verify_chain`` on one-hot inputs (tested), without probabilities or uniforms.
+
+    draft_tokens: K ids; target_argmax: K+1 ids (argmax of each verified position's logits).
+    """
+    assert len(target_argmax) == len(draft_tokens) + 1
+    num_accepted = 0
+    while num_accepted < len(draft_tokens) and draft_tokens[num_accepted] == target_argmax[num_accepted]:
+        num_accepted += 1
+    kind = "bonus" if num_accepted == len(draft_tokens) else "recovered"
+    return ChainResult(list(draft_tokens[:num_accepted]) + [target_argmax[num_accepted]], num_accepted, kind)
 
 
 def verify_chain_batch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -94,10 +110,11 @@ def verify_chain_batch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
 
     stop = num_accepted.clamp(max=num_drafts - 1) if num_drafts else num_accepted
     at_stop = target_probs[torch.arange(batch), stop].double()  # (B, V): p at the first rejection
-    if draft_probs is None:
+    if num_drafts == 0:  # nothing to reject (draft_probs may be (B, 0, V)): the round is a bonus from p_1
+        draft_at_stop = torch.zeros_like(at_stop)
+    elif draft_probs is None:
         draft_at_stop = torch.nn.functional.one_hot(draft_tokens[torch.arange(batch), stop],
-                                                    target_probs.shape[-1]).double() if num_drafts \
-            else torch.zeros_like(at_stop)
+                                                    target_probs.shape[-1]).double()
     else:
         draft_at_stop = draft_probs[torch.arange(batch), stop].double()
     residual = (at_stop - draft_at_stop).clamp(min=0)

@@ -1,0 +1,1 @@
+"""Benchmarks. Speed claims come from here, never from timed unit tests."""
