@@ -1,0 +1,82 @@
+"""The CLI: JSON output for scripts, human output, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from verispec.cli import main
+from verispec.testing import make_checkpoint
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json(capsys, byte_pair):
+    target, draft = byte_pair
+    code, out, _ = run(capsys, "generate", "hello", "--target", str(target), "--draft", str(draft),
+                       "--max-tokens", "12", "--ignore-eos", "--json", "--gamma", "3")
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["tokens"]) == 12 and isinstance(data["text"], str)
+    stats = data["stats"]
+    for key in ("rounds", "drafted", "accepted", "committed_per_round", "acceptance_rate",
+                "per_position_acceptance", "tokens_per_s", "ttft_ms", "time_split"):
+        assert key in stats
+    assert len(stats["per_position_acceptance"]["conditional"]) == 3
+
+
+def test_generate_greedy_spec_equals_no_spec(capsys, byte_pair):
+    target, draft = byte_pair
+    common = ["generate", "abc", "--target", str(target), "--max-tokens", "16", "--ignore-eos", "--json"]
+    _, spec_out, _ = run(capsys, *common, "--draft", str(draft))
+    _, plain_out, _ = run(capsys, *common, "--no-spec")
+    assert json.loads(spec_out)["tokens"] == json.loads(plain_out)["tokens"]
+
+
+def test_generate_human_output(capsys, byte_pair):
+    target, draft = byte_pair
+    code, out, _ = run(capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
+                       "--max-tokens", "8", "--temperature", "0.9", "--top-k", "20", "--seed", "3")
+    assert code == 0 and "committed tokens/round" in out and "tokens/s" in out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "-2"], "top_k must be an integer >= 0"),
+    (["--min-p", "2"], "min_p must be in [0, 1]"),
+    (["--max-tokens", "0"], "max_tokens must be >= 1"),
+    (["--gamma", "0"], "gamma must be in 1..64"),
+    (["--max-tokens", "100000"], "exceeds the model's context"),
+])
+def test_bad_parameters_exit_2_with_one_line(capsys, byte_pair, extra, message):
+    target, draft = byte_pair
+    code, _, err = run(capsys, "generate", "hi", "--target", str(target), "--draft", str(draft), *extra)
+    assert code == 2
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_bad_checkpoints_exit_2(capsys, tmp_path, byte_pair):
+    target, draft = byte_pair
+    code, _, err = run(capsys, "generate", "hi", "--target", str(tmp_path / "nope"), "--draft", str(draft))
+    assert code == 2 and "does not exist" in err
+    other_vocab = make_checkpoint(tmp_path / "other", 100, hidden=32, layers=1, heads=2, kv_heads=1)
+    code, _, err = run(capsys, "generate", "hi", "--target", str(target), "--draft", str(other_vocab))
+    assert code == 2 and "vocabulary" in err
+    code, _, err = run(capsys, "generate", "hi", "--target", str(target))
+    assert code == 2 and "--draft" in err
+
+
+def test_console_script_reports_errors_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "x", "--target", str(tmp_path),
+                           "--draft", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("verispec: error:") and "Traceback" not in proc.stderr
