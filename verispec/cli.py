@@ -1,4 +1,4 @@
-"""Thin command-line dispatcher: verispec {demo, generate, train}.
+"""Thin command-line dispatcher: verispec {demo, generate, plan, train}.
 
 Every error a user can cause prints one line ``verispec: error: ...`` and exits with status 2.
 """
@@ -66,6 +66,28 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, stats")
     gen.add_argument("--verbose", action="store_true", help="log progress")
     gen.set_defaults(run=_run_generate)
+
+    plan = commands.add_parser(
+        "plan", help="predict tokens per round, cycle cost and speedup (SEED.md's cost model)",
+        description="E[N] = 1 + a_1 + a_1 a_2 + ... ; cycle = gamma * draft_ms + verify_ms + state_ms; "
+                    "ms/token = cycle / E[N]; speedup = baseline_ms / ms/token. Example (SEED.md): "
+                    "verispec plan --alpha 0.8 --gamma 4 --draft-ms 1 --verify-ms 12 --state-ms 2 --baseline-ms 10")
+    rates = plan.add_mutually_exclusive_group(required=True)
+    rates.add_argument("--alpha", type=float, help="iid per-position acceptance probability")
+    rates.add_argument("--acceptance", help="comma-separated conditional acceptance per draft position "
+                                            "(measured; the last value repeats)")
+    plan.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    plan.add_argument("--draft-ms", type=float, required=True, help="draft cost per proposed token")
+    plan.add_argument("--verify-ms", type=float, required=True,
+                      help="target verification cost of one round (gamma + 1 positions)")
+    plan.add_argument("--verify-slope-ms", type=float, default=None,
+                      help="with --sweep: extra verify ms per extra verified position (default 0: flat)")
+    plan.add_argument("--state-ms", type=float, default=0.0, help="state handling per round (default 0)")
+    plan.add_argument("--baseline-ms", type=float, required=True, help="plain decoding cost per token")
+    plan.add_argument("--sweep", type=int, nargs="?", const=8, default=None, metavar="MAX_GAMMA",
+                      help="tabulate gamma = 1..MAX_GAMMA (default 8) and mark the best")
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.set_defaults(run=_run_plan)
 
     train = commands.add_parser("train", help="train the embedded pair (tokenizer | target | draft)",
                                 add_help=False)
@@ -156,6 +178,51 @@ def format_stats(summary: dict, speculative: bool) -> str:
     rows.append(("time split ms", " ".join(f"{k.removesuffix('_ms')}={v:.0f}" for k, v in split.items())))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _run_plan(args) -> int:
+    from verispec import costmodel
+
+    acceptance = None
+    if args.acceptance is not None:
+        try:
+            acceptance = [float(x) for x in args.acceptance.split(",")]
+        except ValueError:
+            raise VerispecError(f"--acceptance must be comma-separated numbers, got {args.acceptance!r}") from None
+    for name in ("draft_ms", "verify_ms", "state_ms", "baseline_ms"):
+        if getattr(args, name) < 0:
+            raise VerispecError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.gamma < 0:
+        raise VerispecError("--gamma must be >= 0")
+    verify = args.verify_ms
+    if args.sweep is not None and args.verify_slope_ms is not None:
+        # --verify-ms is the cost at the given gamma; extrapolate linearly in verified positions.
+        base = args.verify_ms - args.gamma * args.verify_slope_ms
+        verify = costmodel.linear_verify_cost(base, args.verify_slope_ms)
+    common = dict(draft_ms=args.draft_ms, verify_ms=verify, state_ms=args.state_ms,
+                  baseline_ms=args.baseline_ms, alpha=args.alpha, acceptance=acceptance)
+    try:
+        if args.sweep is None:
+            result = costmodel.plan(args.gamma, **common)
+            if args.json:
+                print(json.dumps(result.as_dict()))
+            else:
+                print(f"expected tokens per round  {result.expected_tokens:.4f}\n"
+                      f"cycle ms                   {result.cycle_ms:.4g}\n"
+                      f"ms per token               {result.ms_per_token:.3f}\n"
+                      f"speedup                    {result.speedup:.3f}x")
+            return 0
+        plans, best = costmodel.sweep(range(1, args.sweep + 1), **common)
+    except ValueError as err:
+        raise VerispecError(str(err)) from None
+    if args.json:
+        print(json.dumps({"plans": [p.as_dict() for p in plans], "best_gamma": best.gamma}))
+        return 0
+    print("gamma  tokens/round  cycle ms  ms/token  speedup")
+    for p in plans:
+        mark = "  <- best" if p is best else ""
+        print(f"{p.gamma:5d}  {p.expected_tokens:12.4f}  {p.cycle_ms:8.3f}  {p.ms_per_token:8.3f}  {p.speedup:6.3f}x{mark}")
+    return 0
 
 
 def _run_demo(args) -> int:
