@@ -56,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", metavar="PROMPT", help="prompt text (use --chat to apply the chat template)")
     add_model_options(gen)
     add_sampling_options(gen)
-    gen.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
-    gen.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
+    add_spec_options(gen)
     gen.add_argument("--max-tokens", type=int, default=64, help="maximum new tokens (default 64)")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -96,6 +95,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_spec_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", choices=["chain", "tree"], default="chain",
+                        help="chain: gamma drafts in a line; tree: a candidate tree (see --tree)")
+    parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4)")
+    parser.add_argument("--tree", default="s3_k2_d6",
+                        help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
+                             "root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default s3_k2_d6")
+    parser.add_argument("--sibling-mode", choices=["deterministic", "iid", "without_replacement"],
+                        default="deterministic",
+                        help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
+                             "from q (SpecInfer), or without replacement (Sequoia); greedy always uses top-k")
+    parser.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
+
+
+def spec_from_args(args):
+    from verispec.config import SpecConfig
+
+    if args.no_spec:
+        return SpecConfig(method="none")
+    return SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, sibling_mode=args.sibling_mode)
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="DIR", help="target checkpoint dir (HF format); default: embedded")
     parser.add_argument("--draft", metavar="DIR", help="draft checkpoint dir (HF format); default: embedded")
@@ -117,11 +138,11 @@ def sampling_from_args(args):
 
 
 def _run_generate(args) -> int:
-    from verispec.config import SpecConfig, StopRules
+    from verispec.config import StopRules
     from verispec.loading import build_engine, load_pair
 
     sampling = sampling_from_args(args)
-    spec = SpecConfig(method="none" if args.no_spec else "chain", gamma=args.gamma)
+    spec = spec_from_args(args)
     if (args.target is None) != (args.draft is None) and not (args.no_spec and args.target):
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
                             "(--no-spec needs only --target)")
@@ -174,6 +195,7 @@ def format_stats(summary: dict, speculative: bool) -> str:
             ("committed tokens/round", f"{summary['committed_per_round']:.2f}"),
             ("draft acceptance rate", f"{summary['acceptance_rate']:.3f} ({summary['accepted']}/{summary['drafted']})"),
             ("acceptance by position", " ".join(f"{a:.2f}" for a in conditional) + " (conditional)"),
+            ("verified draft nodes/round", f"{summary['tree_nodes']:.2f}"),
         ]
     rows.append(("time split ms", " ".join(f"{k.removesuffix('_ms')}={v:.0f}" for k, v in split.items())))
     width = max(len(name) for name, _ in rows)

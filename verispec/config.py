@@ -11,8 +11,11 @@ from typing import Literal
 
 from verispec.errors import SamplingError
 
-Method = Literal["none", "chain"]
-METHODS: tuple[str, ...] = ("none", "chain")
+Method = Literal["none", "chain", "tree"]
+METHODS: tuple[str, ...] = ("none", "chain", "tree")
+SiblingMode = Literal["iid", "without_replacement", "deterministic"]
+SIBLING_MODES: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
+DYNAMIC_TREE_DEPTH, DYNAMIC_TREE_TOPK = 6, 4
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,76 @@ class StopRules:
 
 
 @dataclass(frozen=True)
+class TreeShape:
+    """``sN_kK_dD``: N draft steps (depth), top-K branching, D verified nodes (root included), a fixed
+    topology: the first-drawn child is expanded at every level (the main path, N nodes) and the
+    remaining D - 1 - N nodes are extra siblings of main-path nodes, shallowest levels first.
+    ``s4_k1_d5`` is the chain with gamma 4. ``dynamic:D``: EAGLE-2 style, expand the best K nodes per
+    level for N levels, then keep the D - 1 drafts of highest cumulative draft probability."""
+
+    depth: int
+    branching: int
+    budget: int
+    dynamic: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeShape":
+        import re
+
+        match = re.fullmatch(r"s(\d+)_k(\d+)_d(\d+)", text)
+        if match:
+            shape = cls(*(int(g) for g in match.groups()))
+            if shape.depth < 1 or shape.branching < 1 or not shape.depth + 1 <= shape.budget <= \
+                    shape.depth * shape.branching + 1:
+                raise SamplingError(f"tree {text!r}: need depth >= 1, branching >= 1 and depth + 1 <= D <= "
+                                    "depth * branching + 1")
+            return shape
+        match = re.fullmatch(r"dynamic:(\d+)", text)
+        if match:
+            budget = int(match.group(1))
+            if not 2 <= budget <= 65:
+                raise SamplingError(f"tree {text!r}: the budget D must be in 2..65")
+            return cls(min(DYNAMIC_TREE_DEPTH, budget - 1), DYNAMIC_TREE_TOPK, budget, dynamic=True)
+        raise SamplingError(f"cannot parse tree shape {text!r}; use sN_kK_dD (e.g. s3_k2_d6) or dynamic:D")
+
+    @property
+    def num_drafts(self) -> int:
+        return self.budget - 1
+
+
+@dataclass(frozen=True)
 class SpecConfig:
     method: Method = "chain"
-    gamma: int = 4
+    gamma: int = 4  # chain drafts per round
+    tree: str = "s3_k2_d6"  # tree shape, method "tree" only
+    sibling_mode: SiblingMode = "deterministic"  # how a tree's siblings are drawn (sampling only)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise SamplingError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.method != "none" and not 1 <= self.gamma <= 64:
+        if self.method == "chain" and not 1 <= self.gamma <= 64:
             raise SamplingError(f"gamma must be in 1..64, got {self.gamma}")
+        if self.sibling_mode not in SIBLING_MODES:
+            raise SamplingError(f"unknown sibling mode {self.sibling_mode!r}; choose one of {', '.join(SIBLING_MODES)}")
+        if self.method == "tree":
+            shape = self.tree_shape
+            if shape.dynamic and self.sibling_mode != "deterministic":
+                raise SamplingError("dynamic trees keep the top-scoring nodes, which only the deterministic "
+                                    "sibling mode verifies losslessly; use --sibling-mode deterministic")
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        return TreeShape.parse(self.tree)
+
+    @property
+    def max_drafts(self) -> int:
+        """Draft nodes verified per round: gamma for chains, D - 1 for trees, 0 when off."""
+        if self.method == "chain":
+            return self.gamma
+        if self.method == "tree":
+            return self.tree_shape.num_drafts
+        return 0
 
     @property
     def enabled(self) -> bool:

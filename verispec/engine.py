@@ -27,7 +27,9 @@ from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
+from verispec.tree import TokenTree
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
+from verispec.verify.tree import TreeResult, verify_tree
 
 Decode = Callable[[list[int]], str]
 
@@ -78,8 +80,8 @@ class Generation:
         self.generated: list[int] = []
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
         self.result: GenerationResult | None = None
-        gamma = spec.gamma if spec.enabled else 0
-        self.cache: KVCache = engine.target.new_cache(1, min(max_context, len(prompt_ids) + stop.max_tokens + gamma + 1))
+        self.cache: KVCache = engine.target.new_cache(
+            1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
         self.finish_reason: str | None = None
         self.stop_text_index: int | None = None
 
@@ -120,16 +122,27 @@ class Generation:
     def _propose(self, record: RoundRecord) -> Proposal:
         began = time.perf_counter()
         remaining = self.stop.max_tokens - len(self.generated)
-        num_drafts = min(self.spec.gamma, remaining - 1) if self.spec.enabled else 0
+        num_drafts = min(self.spec.max_drafts, remaining - 1)
+        drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
+        elif self.spec.method == "tree":
+            proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
+                                            self.sampling, self.generator)
         else:
-            proposal = self.engine.drafter.propose(self.context, num_drafts, self.sampling, self.generator)
+            proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         record.draft_s = time.perf_counter() - began
-        record.drafted = record.tree_nodes = proposal.num_drafts
+        record.tree_nodes = proposal.num_drafts
+        # Positions a round could accept: K for a chain, the depth for a tree.
+        record.drafted = int(proposal.tree.compile().depths.max()) if proposal.tree else proposal.num_drafts
         return proposal
 
-    def _verify(self, proposal: Proposal, record: RoundRecord) -> ChainResult:
+    def _sibling_mode(self) -> str:
+        return "deterministic" if self.sampling.greedy else self.spec.sibling_mode
+
+    def _verify(self, proposal: Proposal, record: RoundRecord) -> ChainResult | TreeResult:
+        if proposal.tree is not None:
+            return self._verify_tree(proposal.tree, record)
         began = time.perf_counter()
         fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
         logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
@@ -144,10 +157,27 @@ class Generation:
         record.last_kind = verdict.last_kind
         return verdict
 
-    def _commit(self, verdict: ChainResult, record: RoundRecord) -> list[int]:
+    def _verify_tree(self, tree: TokenTree, record: RoundRecord) -> TreeResult:
+        began = time.perf_counter()
+        buffers = tree.compile()
+        fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
+        logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
+                                            depths=buffers.depths)[0]  # (N+1, V)
+        verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(),
+                              generator=self.generator)
+        record.verify_s = time.perf_counter() - began
+        record.accepted = verdict.num_accepted
+        record.last_kind = verdict.last_kind
+        return verdict
+
+    def _commit(self, verdict: ChainResult | TreeResult, record: RoundRecord) -> list[int]:
         began = time.perf_counter()
         # The fed last token and the accepted drafts now have valid KV; the new last token does not.
-        self.cache.commit(0, 1 + verdict.num_accepted)
+        if isinstance(verdict, TreeResult):  # keep only the accepted path: compact it after the prefix
+            start = self.cache.lengths[0]
+            self.cache.compact(0, [start + node for node in [0] + verdict.accepted_nodes])
+        else:
+            self.cache.commit(0, 1 + verdict.num_accepted)
         kept = self._emit(verdict.tokens)
         if self.engine.drafter is not None and self.finish_reason is None:
             self.engine.drafter.commit(self.context)

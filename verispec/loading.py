@@ -90,9 +90,9 @@ def check_compatible(target: LlamaForCausalLM, draft: LlamaForCausalLM) -> None:
 
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
     drafter = None
-    if spec.method == "chain":
+    if spec.method in ("chain", "tree"):
         if pair.draft is None:
-            raise CheckpointError("--method chain needs a draft model; pass --draft DIR or use --no-spec")
+            raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
         drafter = DraftModelDrafter(pair.draft)
     tokenizer = pair.tokenizer
     return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))

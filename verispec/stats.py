@@ -5,7 +5,9 @@ Definitions (DESIGN.md "Metrics"):
 - round: one verification pass of the target.
 - committed tokens per round = accepted drafts + 1 (recovered or bonus), minus tokens cut by EOS,
   stop strings or max_tokens. Its mean equals vLLM's "mean acceptance length".
-- draft acceptance rate = accepted draft tokens / proposed draft tokens.
+- draft acceptance rate = accepted draft tokens / proposed draft tokens. For trees a round "proposes"
+  as many positions as the tree is deep (the most it could accept); the verified tree nodes are
+  reported separately as ``tree_nodes`` and are never called accepted tokens.
 - per-position acceptance, for draft position i (1-based):
   unconditional = rounds that accepted position i / rounds that proposed at least i drafts;
   conditional = rounds that accepted position i / rounds that reached position i (accepted i - 1).

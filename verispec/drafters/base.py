@@ -19,12 +19,14 @@ from typing import Protocol
 import torch
 
 from verispec.config import SamplingParams
+from verispec.tree import TokenTree
 
 
 @dataclass(frozen=True)
 class Proposal:
-    tokens: torch.Tensor  # (K,) int64
-    probs: torch.Tensor | None  # (K, V) float32, or None: point masses on `tokens`
+    tokens: torch.Tensor  # (K,) int64; for a tree, the draft nodes' tokens in node order
+    probs: torch.Tensor | None  # (K, V) float32, or None: point masses on `tokens` (chains only)
+    tree: TokenTree | None = None  # set for tree proposals: parents, tokens, draft_probs
 
     @property
     def num_drafts(self) -> int:

@@ -1,20 +1,23 @@
-"""A small draft model proposing a chain, autoregressively, with its own KV cache.
+"""A small draft model proposing a chain or a tree, with its own KV cache.
 
-Its cache follows the committed path like the target's: after a round that accepted a of K drafts it
-keeps the committed context plus x_1..x_min(a, K-1) (x_K was never fed to it; a rejected x_(a+1) is
-dropped even though it sits in the slot the recovered token will take), and the next propose feeds
-whatever committed tokens it has not yet seen, starting with the previous round's recovered or bonus
-token.
+Its cache follows the committed path like the target's. For chains (and static trees, whose main
+path is a chain) it keeps the committed context plus the drafts it fed: after a round that accepted a
+of K chain drafts it keeps x_1..x_min(a, K-1) (x_K was never fed; a rejected draft is dropped even if
+the recovered token is the same id), and the next propose feeds whatever committed tokens it has not
+yet seen, starting with the previous round's recovered or bonus token. Dynamic trees feed whole levels
+with a tree mask; their staged nodes are dropped right after proposing and the accepted ones are
+re-fed next round with the new token (one forward either way).
 """
 
 from __future__ import annotations
 
 import torch
 
-from verispec.config import SamplingParams
+from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import Proposal
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import logits_to_probs, sample_from
+from verispec.tree import TokenTree
 
 
 class DraftModelDrafter:
@@ -28,17 +31,16 @@ class DraftModelDrafter:
         self.cache.reset()
         self.seen = []
 
+    # ---- chains --------------------------------------------------------------------------------------
+
     def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        assert context[:len(self.seen)] == self.seen, "draft cache diverged from the committed context"
-        room = self.max_len - len(context)
-        num_drafts = max(0, min(num_drafts, room))
-        feed = context[len(self.seen):]
+        num_drafts = max(0, min(num_drafts, self.max_len - len(context)))
         tokens, probs = [], []
+        logits = self._catch_up(context) if num_drafts else None
         for step in range(num_drafts):
-            logits = self.model.forward(torch.tensor([feed]), self.cache, last_only=True)[0, -1]
-            self.cache.commit(0, len(feed))
-            self.seen.extend(feed)
+            if step:
+                logits = self._feed([tokens[-1]])
             if sampling.greedy:  # a point mass on the argmax: no probabilities needed
                 token = int(logits.argmax())
             else:
@@ -46,8 +48,89 @@ class DraftModelDrafter:
                 token = sample_from(step_probs, generator)
                 probs.append(step_probs)
             tokens.append(token)
-            feed = [token]
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
+
+    # ---- trees ---------------------------------------------------------------------------------------
+
+    def propose_tree(self, context: list[int], shape: TreeShape, mode: SiblingMode, sampling: SamplingParams,
+                     generator: torch.Generator) -> Proposal:
+        """Draft a tree of ``shape``; children drawn per ``mode`` (deterministic: top-k of the draft's
+        logits as point masses; iid / without_replacement: sampled from the transformed q)."""
+        if sampling.greedy:
+            mode = "deterministic"  # q is a point mass: only top-k children make sense
+        if shape.dynamic:
+            return self._propose_dynamic(context, shape)
+        parents, tokens, rows = [-1], [context[-1]], {}
+        extras = shape.num_drafts - shape.depth
+        logits, main = self._catch_up(context), 0
+        for level in range(1, shape.depth + 1):
+            width = 1 + min(shape.branching - 1, extras)
+            extras -= width - 1
+            children, q = _draw_children(logits, width, mode, sampling, generator)
+            if q is not None:
+                rows[main] = q
+            first = len(tokens)
+            parents += [main] * len(children)
+            tokens += children
+            main = first
+            if level < shape.depth:
+                logits = self._feed([tokens[main]])
+        return _tree_proposal(parents, tokens, rows, logits.shape[-1])
+
+    def _propose_dynamic(self, context: list[int], shape: TreeShape) -> Proposal:
+        base = len(context)
+        root_logprobs = torch.log_softmax(self._catch_up(context).float(), -1)
+        # Pool of candidate nodes: (parent pool index, token, cumulative draft log-prob, depth).
+        pool: list[tuple[int, int, float, int]] = [(-1, context[-1], 0.0, 0)]
+        frontier, frontier_logprobs = [0], [root_logprobs]
+        staged: list[int] = []  # pool indices fed into the draft cache this round, in slot order
+        for step in range(shape.depth):
+            candidates = []
+            for node, logprobs in zip(frontier, frontier_logprobs):
+                values, ids = logprobs.topk(shape.branching)
+                for value, token in zip(values.tolist(), ids.tolist()):
+                    candidates.append(len(pool))
+                    pool.append((node, token, pool[node][2] + value, pool[node][3] + 1))
+            if step == shape.depth - 1:
+                break
+            frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
+            frontier_logprobs = self._feed_level(frontier, pool, staged)
+            staged += frontier
+        self.cache.set_length(0, base)  # drop the staged nodes; accepted ones are re-fed next round
+        self.seen = self.seen[:base]
+        keep = sorted(range(1, len(pool)), key=lambda i: (-pool[i][2], pool[i][3], i))[:shape.num_drafts]
+        order = [0] + sorted(keep, key=lambda i: (pool[i][3], i))  # parent-first
+        index = {old: new for new, old in enumerate(order)}
+        parents = [-1] + [index[pool[i][0]] for i in order[1:]]
+        return _tree_proposal(parents, [pool[i][1] for i in order], {}, 0, deterministic=True)
+
+    def _feed_level(self, frontier: list[int], pool, staged: list[int]) -> list[torch.Tensor]:
+        """Feed frontier nodes; each sees the committed context, its staged ancestors and itself."""
+        own = staged + frontier
+        position = {node: j for j, node in enumerate(own)}
+        mask = torch.zeros(len(frontier), len(own), dtype=torch.bool)
+        for row, node in enumerate(frontier):
+            while node > 0:
+                mask[row, position[node]] = True
+                node = pool[node][0]
+        depths = torch.tensor([pool[n][3] - 1 for n in frontier])
+        logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
+                                    tree_mask=mask, depths=depths, staged=len(staged))[0]
+        self.cache.commit(0, len(frontier))
+        return list(torch.log_softmax(logits.float(), -1))
+
+    # ---- cache bookkeeping -------------------------------------------------------------------------
+
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Feed the committed tokens not yet seen; logits after the last one."""
+        assert context[:len(self.seen)] == self.seen, "draft cache diverged from the committed context"
+        return self._feed(context[len(self.seen):])
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True)[0, -1]
+        self.cache.commit(0, len(tokens))
+        self.seen.extend(tokens)
+        return logits
 
     def commit(self, context: list[int]) -> None:
         """``context`` is now the committed sequence: keep only the KV of its tokens we have seen."""
@@ -55,6 +138,34 @@ class DraftModelDrafter:
         keep = min(_common_prefix_length(self.seen, context), len(context) - 1)
         self.seen = self.seen[:keep]
         self.cache.set_length(0, keep)
+
+
+def _draw_children(logits: torch.Tensor, width: int, mode: SiblingMode, sampling: SamplingParams,
+                   generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
+    """Child tokens of one node and the q they were drawn from (None for point masses)."""
+    if mode == "deterministic":
+        order = torch.sort(logits.float(), descending=True, stable=True).indices
+        return order[:width].tolist(), None
+    q = logits_to_probs(logits, sampling)
+    if mode == "iid":
+        return [sample_from(q, generator) for _ in range(width)], q
+    remaining, children = q.clone(), []
+    for _ in range(min(width, int((q > 0).sum()))):
+        token = sample_from(remaining, generator)
+        children.append(token)
+        remaining[token] = 0
+    return children, q
+
+
+def _tree_proposal(parents: list[int], tokens: list[int], rows: dict[int, torch.Tensor], vocab: int,
+                   deterministic: bool = False) -> Proposal:
+    draft_probs = None
+    if rows and not deterministic:
+        draft_probs = torch.zeros(len(parents), vocab)
+        for node, q in rows.items():
+            draft_probs[node] = q
+    tree = TokenTree(parents=parents, tokens=tokens, draft_probs=draft_probs)
+    return Proposal(torch.tensor(tokens[1:], dtype=torch.long), None, tree)
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

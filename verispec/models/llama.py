@@ -218,23 +218,26 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None = None,
                 depths: torch.Tensor | None = None, last_only: bool = False,
-                num_layers: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, staged: int = 0) -> torch.Tensor:
         """Logits (B, T, V) for T new tokens (B, T) placed after each row's committed slots.
 
-        tree_mask: (T, T) or (B, T, T) bool, new token t may see new token j; default causal.
-        depths: (T,) or (B, T) offsets of the new tokens' positions from the row's length; default
-        0..T-1. last_only: return only the last position's logits (prefill). num_layers: run only the
-        first E layers, then the final norm and LM head (early-exit drafting).
+        tree_mask: (T, T) or (B, T, T) bool, new token t may see new token j; default causal. With
+        ``staged`` > 0 the last ``staged`` committed slots are tree nodes of the current round (drafted
+        level by level) and tree_mask is (T, staged + T): which of those and of the new tokens each new
+        token sees. depths: (T,) or (B, T) offsets of the new tokens' positions from the row's length
+        minus ``staged``; default staged..staged+T-1. last_only: return only the last position's
+        logits (prefill). num_layers: run only the first E layers, then the final norm and LM head
+        (early-exit drafting).
         """
         batch, num_new = tokens.shape
         cache.check_room(num_new)
-        lengths = torch.tensor(cache.lengths, device=tokens.device)
+        bases = [length - staged for length in cache.lengths]
         if depths is None:
-            depths = torch.arange(num_new, device=tokens.device)
-        positions = lengths[:, None] + depths.expand(batch, num_new)  # (B, T)
+            depths = torch.arange(staged, staged + num_new, device=tokens.device)
+        positions = torch.tensor(bases, device=tokens.device)[:, None] + depths.expand(batch, num_new)  # (B, T)
         cos, sin = self._rotary(positions)
         num_slots = max(cache.lengths) + num_new
-        mask = _attention_mask(cache.lengths, num_new, num_slots, tree_mask, tokens.device)
+        mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, tokens.device)
         x = self.model.embed_tokens(tokens)
         for index, layer in enumerate(self.model.layers[:num_layers]):
             x = layer(x, cos, sin, cache, index, mask, num_slots)
@@ -272,19 +275,21 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x)), hidden
 
 
-def _attention_mask(lengths: list[int], num_new: int, num_slots: int, tree_mask: torch.Tensor | None,
-                    device) -> torch.Tensor | None:
-    """Bool mask (B, 1, T, S): committed slots, plus the pass's own slots allowed by the tree mask."""
-    if tree_mask is None and num_new == 1 and len(set(lengths)) == 1:
+def _attention_mask(bases: list[int], staged: int, num_new: int, num_slots: int,
+                    tree_mask: torch.Tensor | None, device) -> torch.Tensor | None:
+    """Bool mask (B, 1, T, S): slots before each row's base, plus the round's own slots (``staged``
+    earlier tree nodes and the T new ones) that the tree mask allows."""
+    if tree_mask is None and staged == 0 and num_new == 1 and len(set(bases)) == 1:
         return None  # one new token after a shared prefix sees every slot
+    own_size = staged + num_new
     if tree_mask is None:
-        tree_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
-    lengths_t = torch.tensor(lengths, device=device)
-    relative = torch.arange(num_slots, device=device)[None, :] - lengths_t[:, None]  # (B, S)
+        tree_mask = torch.ones(num_new, own_size, dtype=torch.bool, device=device).tril(staged)
+    bases_t = torch.tensor(bases, device=device)
+    relative = torch.arange(num_slots, device=device)[None, :] - bases_t[:, None]  # (B, S)
     committed = relative < 0
-    inside = (relative >= 0) & (relative < num_new)
-    gather_index = relative.clamp(0, num_new - 1)[:, None, :].expand(len(lengths), num_new, num_slots)
-    own = tree_mask.expand(len(lengths), num_new, num_new).gather(2, gather_index) & inside[:, None, :]
+    inside = (relative >= 0) & (relative < own_size)
+    gather_index = relative.clamp(0, own_size - 1)[:, None, :].expand(len(bases), num_new, num_slots)
+    own = tree_mask.expand(len(bases), num_new, own_size).gather(2, gather_index) & inside[:, None, :]
     return (committed[:, None, :] | own)[:, None]  # (B, 1, T, S)
 
 

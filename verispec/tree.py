@@ -1,0 +1,85 @@
+"""Token trees compiled once into the buffers one forward pass needs.
+
+Node 0 is the root: the last committed token, fed first. Nodes 1..N are drafts, in parent-first order
+(parent[i] < i). Example, a root with two children and one grandchild under the first child:
+
+    >>> tree = TokenTree(parents=[-1, 0, 0, 1], tokens=[7, 3, 5, 9])
+    >>> buffers = tree.compile()
+    >>> buffers.depths.tolist()
+    [0, 1, 1, 2]
+    >>> buffers.ancestor_mask.int().tolist()   # row j: the nodes j attends to (ancestors and itself)
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    >>> buffers.paths                           # root-to-leaf node paths
+    [[0, 1, 3], [0, 2]]
+
+Position ids are prefix_len + depth. A chain is the tree with one child per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    ancestor_mask: torch.Tensor  # (N+1, N+1) bool: [j, i] is True iff i is j or an ancestor of j
+    depths: torch.Tensor  # (N+1,) int64, root 0
+    paths: list[list[int]]  # root-to-leaf node indices
+    children: list[list[int]]  # children of each node, in draw order
+
+
+@dataclass
+class TokenTree:
+    parents: list[int]  # parents[0] == -1
+    tokens: list[int]
+    # Draft distribution each node's children were drawn from (row i: after node i), when known.
+    draft_probs: torch.Tensor | None = None  # (N+1, V)
+    scores: list[float] = field(default_factory=list)  # cumulative draft log-prob per node (builders)
+
+    def __post_init__(self):
+        assert len(self.parents) == len(self.tokens) and self.parents[0] == -1
+        assert all(0 <= p < i for i, p in enumerate(self.parents) if i), "parents must precede children"
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, excluding the root."""
+        return len(self.parents) - 1
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for node, parent in enumerate(self.parents):
+            if node:
+                kids[parent].append(node)
+        return kids
+
+    def compile(self) -> TreeBuffers:
+        size = len(self.parents)
+        mask = torch.zeros(size, size, dtype=torch.bool)
+        depths = torch.zeros(size, dtype=torch.long)
+        for node in range(size):
+            mask[node, node] = True
+            parent = self.parents[node]
+            if parent >= 0:
+                mask[node] |= mask[parent]
+                depths[node] = depths[parent] + 1
+        kids = self.children()
+        paths = []
+
+        def walk(node: int, path: list[int]) -> None:
+            if not kids[node]:
+                paths.append(path)
+            for child in kids[node]:
+                walk(child, path + [child])
+
+        walk(0, [0])
+        return TreeBuffers(mask, depths, paths, kids)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's first child down to ``node`` (root excluded)."""
+        path = []
+        while node > 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
