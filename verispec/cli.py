@@ -96,12 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", choices=["chain", "tree"], default="chain",
-                        help="chain: gamma drafts in a line; tree: a candidate tree (see --tree)")
+    parser.add_argument("--method", choices=["chain", "tree", "ngram"], default="chain",
+                        help="chain: a draft model proposes gamma tokens in a line; tree: it proposes a "
+                             "candidate tree (see --tree); ngram: no draft model, continuations of the "
+                             "last n tokens found earlier in the context (a chain, or a tree of several "
+                             "matches when --tree is given)")
     parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4)")
-    parser.add_argument("--tree", default="s3_k2_d6",
+    parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
                              "root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default s3_k2_d6")
+    parser.add_argument("--ngram-max", type=int, default=4, help="ngram: longest pattern tried (default 4)")
+    parser.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest pattern tried (default 1)")
     parser.add_argument("--sibling-mode", choices=["deterministic", "iid", "without_replacement"],
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
@@ -114,7 +119,10 @@ def spec_from_args(args):
 
     if args.no_spec:
         return SpecConfig(method="none")
-    return SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, sibling_mode=args.sibling_mode)
+    shape = "tree" if args.method == "tree" or (args.method == "ngram" and args.tree) else "chain"
+    return SpecConfig(method=shape, gamma=args.gamma, tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
+                      drafter="ngram" if args.method == "ngram" else "model",
+                      ngram_max=args.ngram_max, ngram_min=args.ngram_min)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -143,10 +151,11 @@ def _run_generate(args) -> int:
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
-    if (args.target is None) != (args.draft is None) and not (args.no_spec and args.target):
+    needs_draft = spec.enabled and spec.drafter == "model"
+    if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
-                            "(--no-spec needs only --target)")
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=spec.enabled)
+                            "(--no-spec and --method ngram need only --target)")
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft)
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),

@@ -16,6 +16,8 @@ METHODS: tuple[str, ...] = ("none", "chain", "tree")
 SiblingMode = Literal["iid", "without_replacement", "deterministic"]
 SIBLING_MODES: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
 DYNAMIC_TREE_DEPTH, DYNAMIC_TREE_TOPK = 6, 4
+DrafterKind = Literal["model", "ngram"]
+DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ class SpecConfig:
     gamma: int = 4  # chain drafts per round
     tree: str = "s3_k2_d6"  # tree shape, method "tree" only
     sibling_mode: SiblingMode = "deterministic"  # how a tree's siblings are drawn (sampling only)
+    drafter: DrafterKind = "model"  # where drafts come from: a draft model or n-gram lookup
+    ngram_max: int = 4
+    ngram_min: int = 1
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -109,6 +114,10 @@ class SpecConfig:
             raise SamplingError(f"gamma must be in 1..64, got {self.gamma}")
         if self.sibling_mode not in SIBLING_MODES:
             raise SamplingError(f"unknown sibling mode {self.sibling_mode!r}; choose one of {', '.join(SIBLING_MODES)}")
+        if self.drafter not in DRAFTER_KINDS:
+            raise SamplingError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SamplingError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.method == "tree":
             shape = self.tree_shape
             if shape.dynamic and self.sibling_mode != "deterministic":

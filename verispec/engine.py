@@ -134,11 +134,13 @@ class Generation:
         record.draft_s = time.perf_counter() - began
         record.tree_nodes = proposal.num_drafts
         # Positions a round could accept: K for a chain, the depth for a tree.
-        record.drafted = int(proposal.tree.compile().depths.max()) if proposal.tree else proposal.num_drafts
+        tree = proposal.tree
+        record.drafted = int(tree.compile().depths.max()) if tree is not None else proposal.num_drafts
         return proposal
 
-    def _sibling_mode(self) -> str:
-        return "deterministic" if self.sampling.greedy else self.spec.sibling_mode
+    def _sibling_mode(self, tree: TokenTree | None = None) -> str:
+        point_masses = tree is not None and tree.draft_probs is None
+        return "deterministic" if self.sampling.greedy or point_masses else self.spec.sibling_mode
 
     def _verify(self, proposal: Proposal, record: RoundRecord) -> ChainResult | TreeResult:
         if proposal.tree is not None:
@@ -163,7 +165,7 @@ class Generation:
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
         logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
                                             depths=buffers.depths)[0]  # (N+1, V)
-        verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(),
+        verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(tree),
                               generator=self.generator)
         record.verify_s = time.perf_counter() - began
         record.accepted = verdict.num_accepted

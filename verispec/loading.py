@@ -14,6 +14,7 @@ import torch
 
 from verispec.config import SpecConfig
 from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
 from verispec.models.llama import LlamaForCausalLM, load_checkpoint
@@ -90,7 +91,9 @@ def check_compatible(target: LlamaForCausalLM, draft: LlamaForCausalLM) -> None:
 
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
     drafter = None
-    if spec.method in ("chain", "tree"):
+    if spec.enabled and spec.drafter == "ngram":
+        drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
+    elif spec.enabled:
         if pair.draft is None:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
         drafter = DraftModelDrafter(pair.draft)

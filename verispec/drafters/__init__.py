@@ -2,5 +2,6 @@
 
 from verispec.drafters.base import Drafter, Proposal
 from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.ngram import NgramDrafter
 
-__all__ = ["Drafter", "Proposal", "DraftModelDrafter"]
+__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "NgramDrafter"]
