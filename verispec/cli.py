@@ -96,11 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", choices=["chain", "tree", "ngram"], default="chain",
+    parser.add_argument("--method", choices=["chain", "tree", "ngram", "self"], default="chain",
                         help="chain: a draft model proposes gamma tokens in a line; tree: it proposes a "
                              "candidate tree (see --tree); ngram: no draft model, continuations of the "
                              "last n tokens found earlier in the context (a chain, or a tree of several "
-                             "matches when --tree is given)")
+                             "matches when --tree is given); self: the target's first --exit-layer layers "
+                             "draft (LayerSkip self-speculation, no draft model)")
+    parser.add_argument("--exit-layer", type=int, default=2, help="self: layers that draft (default 2)")
     parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4)")
     parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
@@ -121,8 +123,8 @@ def spec_from_args(args):
         return SpecConfig(method="none")
     shape = "tree" if args.method == "tree" or (args.method == "ngram" and args.tree) else "chain"
     return SpecConfig(method=shape, gamma=args.gamma, tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
-                      drafter="ngram" if args.method == "ngram" else "model",
-                      ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+                      drafter={"ngram": "ngram", "self": "early_exit"}.get(args.method, "model"),
+                      ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +156,7 @@ def _run_generate(args) -> int:
     needs_draft = spec.enabled and spec.drafter == "model"
     if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
-                            "(--no-spec and --method ngram need only --target)")
+                            "(--no-spec, --method ngram and --method self need only --target)")
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft)
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)

@@ -16,8 +16,8 @@ METHODS: tuple[str, ...] = ("none", "chain", "tree")
 SiblingMode = Literal["iid", "without_replacement", "deterministic"]
 SIBLING_MODES: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
 DYNAMIC_TREE_DEPTH, DYNAMIC_TREE_TOPK = 6, 4
-DrafterKind = Literal["model", "ngram"]
-DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram")
+DrafterKind = Literal["model", "ngram", "early_exit"]
+DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit")
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class SpecConfig:
     drafter: DrafterKind = "model"  # where drafts come from: a draft model or n-gram lookup
     ngram_max: int = 4
     ngram_min: int = 1
+    exit_layer: int = 2  # early_exit: layers that draft
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -118,6 +119,8 @@ class SpecConfig:
             raise SamplingError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SamplingError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.drafter == "early_exit" and self.method == "tree":
+            raise SamplingError("self-speculation (early exit) drafts chains only; drop --tree")
         if self.method == "tree":
             shape = self.tree_shape
             if shape.dynamic and self.sibling_mode != "deterministic":

@@ -87,8 +87,11 @@ class Generation:
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
-        if self.engine.drafter is not None:
-            self.engine.drafter.reset()
+        drafter = self.engine.drafter
+        if drafter is not None:
+            drafter.reset()
+            if getattr(drafter, "shares_target_cache", False):
+                drafter.bind(self.cache)
         first = self._prefill()
         self.stats.ttft_s = time.perf_counter() - start
         last_emit = time.perf_counter()
@@ -146,8 +149,11 @@ class Generation:
         if proposal.tree is not None:
             return self._verify_tree(proposal.tree, record)
         began = time.perf_counter()
-        fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
-        logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
+        if proposal.exit_hidden is not None:
+            logits = self._resume_from_exit(proposal)
+        else:
+            fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
+            logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
         if self.sampling.greedy:
             verdict = verify_chain_greedy(proposal.tokens.tolist(), logits.argmax(-1).tolist())
         else:
@@ -158,6 +164,21 @@ class Generation:
         record.accepted = verdict.num_accepted
         record.last_kind = verdict.last_kind
         return verdict
+
+    def _resume_from_exit(self, proposal: Proposal) -> torch.Tensor:
+        """Target logits (K+1, V) reusing early-exit drafting: only x_K runs the first E layers (its
+        predecessors' early KV is staged after the prefix); all K+1 positions resume at layer E."""
+        target, cache, exit_layer = self.engine.target, self.cache, proposal.exit_layer
+        num_drafts, base = proposal.num_drafts, self.cache.lengths[0]
+        cache.set_length(0, base + num_drafts)
+        try:
+            last = target.run_layers(target.model.embed_tokens(proposal.tokens[None, -1:]), cache, 0,
+                                     exit_layer, staged=num_drafts)  # (1, 1, H)
+        finally:
+            cache.set_length(0, base)
+        hidden = torch.cat([proposal.exit_hidden, last], dim=1)  # (1, K+1, H)
+        upper = target.run_layers(hidden, cache, exit_layer, target.config.num_hidden_layers)
+        return target.logits(upper)[0]
 
     def _verify_tree(self, tree: TokenTree, record: RoundRecord) -> TreeResult:
         began = time.perf_counter()

@@ -14,6 +14,7 @@ import torch
 
 from verispec.config import SpecConfig
 from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
@@ -93,6 +94,8 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
     drafter = None
     if spec.enabled and spec.drafter == "ngram":
         drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
+    elif spec.enabled and spec.drafter == "early_exit":
+        drafter = EarlyExitDrafter(pair.target, spec.exit_layer)
     elif spec.enabled:
         if pair.draft is None:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")

@@ -2,6 +2,7 @@
 
 from verispec.drafters.base import Drafter, Proposal
 from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 
-__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "EarlyExitDrafter", "NgramDrafter"]

@@ -27,6 +27,10 @@ class Proposal:
     tokens: torch.Tensor  # (K,) int64; for a tree, the draft nodes' tokens in node order
     probs: torch.Tensor | None  # (K, V) float32, or None: point masses on `tokens` (chains only)
     tree: TokenTree | None = None  # set for tree proposals: parents, tokens, draft_probs
+    # Early exit: hidden states (1, K, H) after layer exit_layer of the root and x_1..x_(K-1), whose
+    # early-layer KV already sits in the target cache; verification resumes from them.
+    exit_hidden: torch.Tensor | None = None
+    exit_layer: int = 0
 
     @property
     def num_drafts(self) -> int:

@@ -229,21 +229,33 @@ class LlamaForCausalLM(nn.Module):
         logits (prefill). num_layers: run only the first E layers, then the final norm and LM head
         (early-exit drafting).
         """
-        batch, num_new = tokens.shape
+        stop = self.config.num_hidden_layers if num_layers is None else num_layers
+        hidden = self.run_layers(self.model.embed_tokens(tokens), cache, 0, stop, tree_mask, depths, staged)
+        return self.logits(hidden[:, -1:] if last_only else hidden)
+
+    @torch.inference_mode()
+    def run_layers(self, x: torch.Tensor, cache: KVCache, start: int, stop: int,
+                   tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
+                   staged: int = 0) -> torch.Tensor:
+        """Hidden states (B, T, H) after layers start..stop-1 for inputs x (B, T, H) placed as in
+        ``forward``; writes those layers' KV only. Early-exit drafting runs 0..E, and verification
+        resumes at E with the drafting pass's exit hidden states."""
+        batch, num_new, _ = x.shape
         cache.check_room(num_new)
         bases = [length - staged for length in cache.lengths]
         if depths is None:
-            depths = torch.arange(staged, staged + num_new, device=tokens.device)
-        positions = torch.tensor(bases, device=tokens.device)[:, None] + depths.expand(batch, num_new)  # (B, T)
+            depths = torch.arange(staged, staged + num_new, device=x.device)
+        positions = torch.tensor(bases, device=x.device)[:, None] + depths.expand(batch, num_new)  # (B, T)
         cos, sin = self._rotary(positions)
         num_slots = max(cache.lengths) + num_new
-        mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, tokens.device)
-        x = self.model.embed_tokens(tokens)
-        for index, layer in enumerate(self.model.layers[:num_layers]):
-            x = layer(x, cos, sin, cache, index, mask, num_slots)
-        if last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.model.norm(x))
+        mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device)
+        for index in range(start, stop):
+            x = self.model.layers[index](x, cos, sin, cache, index, mask, num_slots)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: (..., H) -> (..., V)."""
+        return self.lm_head(self.model.norm(hidden))
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         needed = int(positions.max()) + 1
