@@ -75,4 +75,4 @@ def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token from probs (V,) with a uniform from ``generator``."""
-    return sample(probs, torch.rand((), generator=generator).item())
+    return sample(probs, torch.rand((), generator=generator, dtype=torch.float64).item())
