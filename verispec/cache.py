@@ -55,9 +55,12 @@ class KVCache:
             self.keys[layer, :, :, start:start + num_new] = new_keys
             self.values[layer, :, :, start:start + num_new] = new_values
             return
-        for row, start in enumerate(self.lengths):
-            self.keys[layer, row, :, start:start + num_new] = new_keys[row]
-            self.values[layer, row, :, start:start + num_new] = new_values[row]
+        # Ragged rows: scatter each row's T positions after its own length in one indexed write.
+        device = self.keys.device
+        rows = torch.arange(self.batch, device=device)[:, None]  # (B, 1)
+        slots = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(num_new, device=device)  # (B, T)
+        self.keys[layer][rows, :, slots] = new_keys.transpose(1, 2)  # (B, T, Hkv, D)
+        self.values[layer][rows, :, slots] = new_values.transpose(1, 2)
 
     def view(self, layer: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the first ``num_slots`` slots: each (B, Hkv, num_slots, D)."""
@@ -86,3 +89,32 @@ class KVCache:
 
     def reset(self) -> None:
         self.lengths = [0] * self.batch
+
+    def prefix_view(self, num_rows: int) -> "KVCache":
+        """A cache over rows 0..num_rows-1 sharing this cache's storage, so a forward over the active
+        rows of a batch touches nothing else; ``sync_prefix`` copies its lengths back."""
+        view = KVCache.__new__(KVCache)
+        view.keys, view.values = self.keys[:, :num_rows], self.values[:, :num_rows]
+        view.lengths, view.max_len = list(self.lengths[:num_rows]), self.max_len
+        return view
+
+    def sync_prefix(self, view: "KVCache") -> None:
+        self.lengths[:view.batch] = view.lengths
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copy row ``source``'s committed KV and length into row ``target`` (batch compaction)."""
+        length = self.lengths[source]
+        self.keys[:, target, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, target, :, :length] = self.values[:, source, :, :length]
+        self.lengths[target] = length
+
+    def row_view(self, row: int) -> "KVCache":
+        """A one-row cache sharing this cache's storage (writes land in ``row``); commit through it,
+        then ``sync_row`` copies its length back. Used to prefill one sequence of a batch."""
+        view = KVCache.__new__(KVCache)
+        view.keys, view.values = self.keys[:, row:row + 1], self.values[:, row:row + 1]
+        view.lengths, view.max_len = [self.lengths[row]], self.max_len
+        return view
+
+    def sync_row(self, row: int, view: "KVCache") -> None:
+        self.lengths[row] = view.lengths[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -27,11 +27,10 @@ from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
+from verispec.stopping import Decode, apply_stop_rules
 from verispec.tree import TokenTree
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
 from verispec.verify.tree import TreeResult, verify_tree
-
-Decode = Callable[[list[int]], str]
 
 
 @dataclass
@@ -221,31 +220,11 @@ class Generation:
 
     def _emit(self, tokens: list[int]) -> list[int]:
         """Append tokens to the output up to the first stop condition; return those kept."""
-        stop = self.stop
-        kept = tokens[:stop.max_tokens - len(self.generated)]
-        if not stop.ignore_eos:
-            for i, token in enumerate(kept):
-                if token in stop.eos_ids:
-                    kept = kept[:i + 1]
-                    self.finish_reason = "stop"
-                    break
-        kept = self._cut_at_stop_string(kept)
-        self.generated.extend(kept)
-        self.context.extend(kept)
+        cut = apply_stop_rules(tokens, self.generated, self.stop, self.engine.decode)
+        self.generated.extend(cut.kept)
+        self.context.extend(cut.kept)
         self.stats.generated_tokens = len(self.generated)
-        if self.finish_reason is None and len(self.generated) >= stop.max_tokens:
-            self.finish_reason = "length"
-        return kept
-
-    def _cut_at_stop_string(self, kept: list[int]) -> list[int]:
-        if not self.stop.stop_strings or self.engine.decode is None:
-            return kept
-        decode = self.engine.decode
-        for count in range(1, len(kept) + 1):
-            text = decode(self.generated + kept[:count])
-            hits = [text.find(s) for s in self.stop.stop_strings if s in text]
-            if hits:
-                self.finish_reason = "stop"
-                self.stop_text_index = min(hits)
-                return kept[:count]
-        return kept
+        if cut.finish_reason is not None:
+            self.finish_reason = cut.finish_reason
+            self.stop_text_index = cut.stop_text_index
+        return cut.kept

@@ -1,0 +1,95 @@
+"""Choosing gamma at run time from measured costs and acceptance. Pure Python, no torch.
+
+``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), an exponential moving average of
+the wall time of a round for each candidate gamma, plus per-position conditional acceptance shared by
+all buckets. It predicts committed tokens per second for each gamma as
+
+    rows * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ... (costmodel)
+
+and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
+the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
+Untried candidates are tried once per bucket; every ``explore_every`` rounds a neighbour of the
+current best is re-measured so the estimates track the machine.
+
+``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
+accepted every draft, -1 otherwise.
+"""
+
+from __future__ import annotations
+
+from verispec.costmodel import expected_tokens
+
+DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
+
+
+class AdaptiveGamma:
+    def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
+                 explore_every: int = 50, smoothing: float = 0.2):
+        self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
+        self.explore_every, self.smoothing = explore_every, smoothing
+        self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
+        self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
+        self.accepted = [0] * (max(self.candidates) + 1)
+        self.rounds_in_bucket: dict[int, int] = {}
+
+    @staticmethod
+    def bucket(batch_size: int) -> int:
+        size = 1
+        while size < batch_size:
+            size *= 2
+        return size
+
+    def acceptance(self) -> list[float]:
+        """Conditional acceptance per draft position (1-based index i -> [i - 1]); optimistic 0.5
+        until measured."""
+        return [self.accepted[i] / self.reached[i] if self.reached[i] else 0.5 for i in range(1, len(self.reached))]
+
+    def predicted_rate(self, batch_size: int, gamma: int) -> float | None:
+        seconds = self.round_seconds.get((self.bucket(batch_size), gamma))
+        if seconds is None or seconds <= 0:
+            return None
+        tokens = expected_tokens(gamma, acceptance=self.acceptance()) if gamma else 1.0
+        return batch_size * tokens / seconds
+
+    def choose(self, batch_size: int) -> int:
+        bucket = self.bucket(batch_size)
+        count = self.rounds_in_bucket.get(bucket, 0)
+        self.rounds_in_bucket[bucket] = count + 1
+        untried = [g for g in self.candidates if (bucket, g) not in self.round_seconds]
+        if untried:
+            return untried[0]
+        best = max(self.candidates, key=lambda g: self.predicted_rate(batch_size, g) or 0.0)
+        if count and count % self.explore_every == 0:
+            index = self.candidates.index(best)
+            neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
+            return neighbours[(count // self.explore_every) % len(neighbours)]
+        return best
+
+    def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
+                drafted_per_row: list[int]) -> None:
+        """Record one round: its wall time and, per row, accepted and proposed drafts."""
+        key = (self.bucket(batch_size), gamma)
+        old = self.round_seconds.get(key)
+        self.round_seconds[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        for accepted, drafted in zip(accepted_per_row, drafted_per_row):
+            for position in range(1, min(drafted, accepted + 1) + 1):  # positions that were tested
+                self.reached[position] += 1
+                if position <= accepted:
+                    self.accepted[position] += 1
+
+
+class HFHeuristicGamma:
+    """transformers' schedule: start at ``initial``; +2 when every draft was accepted, else -1 (min 1)."""
+
+    def __init__(self, initial: int = 4, max_gamma: int = 16):
+        self.gamma, self.max_gamma = initial, max_gamma
+
+    def choose(self, batch_size: int = 1) -> int:
+        return self.gamma
+
+    def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
+                drafted_per_row: list[int]) -> None:
+        if all(a == d for a, d in zip(accepted_per_row, drafted_per_row)):
+            self.gamma = min(self.max_gamma, self.gamma + 2)
+        else:
+            self.gamma = max(1, self.gamma - 1)

@@ -1,0 +1,297 @@
+"""Batched speculative decoding with continuous batching: the server's engine.
+
+Every round drafts for all running sequences at once, verifies all of them in ONE target forward, and
+commits each sequence's own accepted length. Sequences join (``add``: prefill, first token) and leave
+(finish or ``abort``) between rounds. Active sequences occupy cache rows 0..n-1; when one leaves, the
+last row moves into its place, so a forward only ever touches the rows in use.
+
+    engine = BatchEngine(target, draft, SpecConfig(gamma=4), max_batch=8)
+    events = engine.add(BatchRequest("a", prompt_ids, SamplingParams(temperature=0), StopRules(max_tokens=32)))
+    while engine.active:
+        events += engine.step()      # BatchEvent(request_id, tokens, finish_reason, ...)
+
+Drafts per round come from ``gamma_policy``: fixed (``spec.gamma``) or adaptive to the batch size
+(``verispec.adaptive.AdaptiveGamma``), which switches speculation off where it no longer pays.
+Chains with a draft model or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters.ngram import NgramDrafter
+from verispec.errors import ContextError, VerispecError
+from verispec.models.llama import LlamaForCausalLM
+from verispec.sampling import logits_to_probs, sample_from
+from verispec.stats import RequestStats, RoundRecord
+from verispec.stopping import Decode, apply_stop_rules
+from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
+
+
+@dataclass
+class BatchRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: StopRules = field(default_factory=StopRules)
+    seed: int = 0
+
+
+@dataclass
+class BatchEvent:
+    request_id: str
+    tokens: list[int]  # committed this round (may be empty)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    stop_text_index: int | None = None
+    stats: RequestStats | None = None  # set when finished
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Sequence:
+    request: BatchRequest
+    context: list[int]
+    generator: torch.Generator
+    stats: RequestStats
+    started: float
+    last_emit: float
+    generated: list[int] = field(default_factory=list)
+    draft_seen: list[int] = field(default_factory=list)
+
+
+class FixedGamma:
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+    def choose(self, batch_size: int) -> int:
+        return self.gamma
+
+    def observe(self, *args) -> None:
+        pass
+
+
+class BatchEngine:
+    def __init__(self, target: LlamaForCausalLM, draft: LlamaForCausalLM | None = None,
+                 spec: SpecConfig = SpecConfig(), max_batch: int = 64, max_len: int | None = None,
+                 decode: Decode | None = None, gamma_policy=None):
+        if spec.enabled and (spec.method != "chain" or spec.drafter == "early_exit"):
+            raise VerispecError("batched decoding supports chains from a draft model or n-gram lookup; "
+                                "trees and self-speculation run one request at a time (verispec generate)")
+        if spec.enabled and spec.drafter == "model" and draft is None:
+            raise VerispecError("speculation with a draft model needs --draft")
+        self.target, self.spec, self.decode = target, spec, decode
+        self.draft = draft if spec.enabled and spec.drafter == "model" else None
+        self.ngram = NgramDrafter(spec.ngram_max, spec.ngram_min) if spec.enabled and spec.drafter == "ngram" else None
+        self.max_len = max_len or target.config.max_context
+        self.cache = target.new_cache(max_batch, self.max_len)
+        self.draft_cache = self.draft.new_cache(max_batch, self.max_len) if self.draft is not None else None
+        self.max_batch = max_batch
+        self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
+        self.rows: list[_Sequence] = []  # row i of the caches holds rows[i]
+
+    @property
+    def active(self) -> int:
+        return len(self.rows)
+
+    @property
+    def has_capacity(self) -> bool:
+        return len(self.rows) < self.max_batch
+
+    # ---- joining and leaving ---------------------------------------------------------------------
+
+    def check(self, request: BatchRequest) -> None:
+        """Raise a user error if the request can never run (before queueing it)."""
+        if not request.prompt_ids:
+            raise VerispecError("the prompt is empty; give at least one token")
+        needed = len(request.prompt_ids) + request.stop.max_tokens
+        if needed > self.max_len:
+            raise ContextError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.stop.max_tokens}) "
+                               f"exceeds the context of {self.max_len} tokens")
+
+    def add(self, request: BatchRequest) -> list[BatchEvent]:
+        """Prefill a new sequence into the next free row and emit its first token."""
+        self.check(request)
+        if not self.has_capacity:
+            raise RuntimeError("batch is full; check has_capacity before add")
+        started = time.perf_counter()
+        row = len(self.rows)
+        self.cache.set_length(row, 0)
+        view = self.cache.row_view(row)
+        logits = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True)[0, -1]
+        view.commit(0, len(request.prompt_ids))
+        self.cache.sync_row(row, view)
+        sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
+                             RequestStats(prompt_tokens=len(request.prompt_ids)), started, started)
+        first = sample_from(logits_to_probs(logits, request.sampling), sequence.generator)
+        if self.draft is not None:  # the draft sees the prompt but its last token, like the target
+            self.draft_cache.set_length(row, 0)
+            draft_view = self.draft_cache.row_view(row)
+            if len(request.prompt_ids) > 1:
+                self.draft.forward(torch.tensor([request.prompt_ids[:-1]]), draft_view, last_only=True)
+                draft_view.commit(0, len(request.prompt_ids) - 1)
+            self.draft_cache.sync_row(row, draft_view)
+            sequence.draft_seen = list(request.prompt_ids[:-1])
+        self.rows.append(sequence)
+        now = time.perf_counter()
+        sequence.stats.prefill_s = sequence.stats.ttft_s = now - started
+        sequence.stats.token_gaps_s.append(sequence.stats.ttft_s)
+        sequence.last_emit = now
+        event = self._emit(row, [first])
+        if event.finished:  # max_tokens 1, or EOS straight away
+            event = self._finish(row, event.finish_reason, event.tokens, event.stop_text_index)
+        return [event]
+
+    def abort(self, request_id: str) -> BatchEvent | None:
+        for row, sequence in enumerate(self.rows):
+            if sequence.request.request_id == request_id:
+                return self._finish(row, "abort")
+        return None
+
+    def _finish(self, row: int, reason: str, tokens: list[int] | None = None,
+                stop_text_index: int | None = None) -> BatchEvent:
+        sequence = self.rows[row]
+        sequence.stats.finish_reason = reason
+        sequence.stats.e2e_s = time.perf_counter() - sequence.started
+        last = len(self.rows) - 1
+        if row != last:  # keep active rows contiguous: the last row moves into the hole
+            self.cache.move_row(last, row)
+            if self.draft_cache is not None:
+                self.draft_cache.move_row(last, row)
+            self.rows[row] = self.rows[last]
+        self.rows.pop()
+        return BatchEvent(sequence.request.request_id, tokens or [], reason, stop_text_index, sequence.stats)
+
+    # ---- one round for every running sequence ------------------------------------------------------
+
+    def step(self) -> list[BatchEvent]:
+        if not self.rows:
+            return []
+        began = time.perf_counter()
+        sequences = list(self.rows)  # row order of this round, before anyone leaves
+        gamma = self.gamma_policy.choose(len(self.rows))
+        num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
+        drafts, draft_probs = self._propose(num_drafts)
+        drafted_at = time.perf_counter()
+        verdicts = self._verify(drafts, draft_probs, num_drafts)
+        verified_at = time.perf_counter()
+        events = self._commit(verdicts)
+        now = time.perf_counter()
+        self.gamma_policy.observe(len(verdicts), gamma, now - began, [v.num_accepted for v in verdicts], num_drafts)
+        self._record(sequences, events, verdicts, num_drafts,
+                     (drafted_at - began, verified_at - drafted_at, now - verified_at))
+        return [e for e in events if e.tokens or e.finished]
+
+    def _drafts_allowed(self, sequence: _Sequence, gamma: int) -> int:
+        remaining = sequence.request.stop.max_tokens - len(sequence.generated)
+        room = self.max_len - len(sequence.context) - 1
+        return max(0, min(gamma, remaining - 1, room))
+
+    def _propose(self, num_drafts: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Drafts per row (lists of ids) and, for sampled model drafts, their q (k, V)."""
+        most = max(num_drafts)
+        if most == 0:
+            return [[] for _ in self.rows], [None] * len(self.rows)
+        if self.ngram is not None:
+            return [self.ngram.lookup(s.context, k) for s, k in zip(self.rows, num_drafts)], [None] * len(self.rows)
+        view = self.draft_cache.prefix_view(len(self.rows))
+        unseen = [s.context[len(s.draft_seen):] for s in self.rows]
+        width = max(len(u) for u in unseen)
+        fed = torch.tensor([u + [u[-1]] * (width - len(u)) for u in unseen])  # pad at the end (never committed)
+        logits = self.draft.forward(fed, view)  # (B, width, V)
+        last = logits[torch.arange(len(unseen)), torch.tensor([len(u) - 1 for u in unseen])]  # (B, V)
+        for row, tokens in enumerate(unseen):
+            view.commit(row, len(tokens))
+            self.rows[row].draft_seen.extend(tokens)
+        drafts: list[list[int]] = [[] for _ in self.rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in self.rows]
+        for step in range(most):
+            if step:
+                last = self.draft.forward(torch.tensor([[d[-1]] for d in drafts]), view)[:, -1]
+                for row, sequence in enumerate(self.rows):
+                    view.commit(row, 1)
+                    sequence.draft_seen.append(drafts[row][-1])
+            for row, sequence in enumerate(self.rows):
+                params = sequence.request.sampling
+                if step >= num_drafts[row]:  # this row needs no more drafts: pad without using its RNG
+                    drafts[row].append(sequence.context[-1])
+                elif params.greedy:
+                    drafts[row].append(int(last[row].argmax()))
+                else:
+                    q = logits_to_probs(last[row], params)
+                    drafts[row].append(sample_from(q, sequence.generator))
+                    probs[row].append(q)
+        self.draft_cache.sync_prefix(view)
+        return ([d[:k] for d, k in zip(drafts, num_drafts)],
+                [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
+
+    def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
+                num_drafts: list[int]) -> list[ChainResult]:
+        width = max(num_drafts) + 1
+        rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
+        view = self.cache.prefix_view(len(self.rows))
+        logits = self.target.forward(torch.tensor(rows), view)  # (B, width, V)
+        argmax = logits.argmax(-1).tolist()
+        verdicts = []
+        for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):
+            params, k = sequence.request.sampling, len(tokens)
+            if params.greedy:
+                verdicts.append(verify_chain_greedy(tokens, argmax[row][:k + 1]))
+            else:
+                target_probs = logits_to_probs(logits[row, :k + 1], params)
+                verdicts.append(verify_chain(draft_tokens=torch.tensor(tokens, dtype=torch.long),
+                                             draft_probs=draft_probs[row], target_probs=target_probs,
+                                             generator=sequence.generator))
+            view.commit(row, 1 + verdicts[-1].num_accepted)
+        self.cache.sync_prefix(view)
+        return verdicts
+
+    def _commit(self, verdicts: list[ChainResult]) -> list[BatchEvent]:
+        events = [self._emit(row, verdict.tokens) for row, verdict in enumerate(verdicts)]
+        if self.draft_cache is not None:
+            for row, sequence in enumerate(self.rows):
+                keep = min(_common_prefix_length(sequence.draft_seen, sequence.context), len(sequence.context) - 1)
+                del sequence.draft_seen[keep:]
+                self.draft_cache.set_length(row, keep)
+        # Release finished rows last-to-first so moving rows does not disturb indices still to visit.
+        for row in sorted((r for r, e in enumerate(events) if e.finished), reverse=True):
+            finished = self._finish(row, events[row].finish_reason, events[row].tokens, events[row].stop_text_index)
+            events[row] = finished
+        return events
+
+    def _emit(self, row: int, tokens: list[int]) -> BatchEvent:
+        sequence = self.rows[row]
+        cut = apply_stop_rules(tokens, sequence.generated, sequence.request.stop, self.decode)
+        sequence.generated.extend(cut.kept)
+        sequence.context.extend(cut.kept)
+        sequence.stats.generated_tokens = len(sequence.generated)
+        return BatchEvent(sequence.request.request_id, cut.kept, cut.finish_reason, cut.stop_text_index)
+
+    def _record(self, sequences: list[_Sequence], events: list[BatchEvent], verdicts: list[ChainResult],
+                num_drafts: list[int], split: tuple[float, float, float]) -> None:
+        """Per-request round records; the round's time split is shared by every row in it."""
+        now = time.perf_counter()
+        for sequence, event, verdict, drafted in zip(sequences, events, verdicts, num_drafts):
+            cut = len(event.tokens) < len(verdict.tokens)
+            sequence.stats.rounds.append(RoundRecord(
+                drafted=drafted, accepted=verdict.num_accepted, committed=len(event.tokens),
+                last_kind="cut" if cut else verdict.last_kind, draft_s=split[0], verify_s=split[1],
+                state_s=split[2], tree_nodes=drafted))
+            if event.tokens:
+                gap = now - sequence.last_emit
+                sequence.stats.chunk_gaps_s.append(gap)
+                sequence.stats.token_gaps_s.extend([gap] + [0.0] * (len(event.tokens) - 1))
+                sequence.last_emit = now
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
