@@ -1,0 +1,101 @@
+"""Every default of the default-pair training recipes, defined once.
+
+    >>> recipe = TargetRecipe()
+    >>> recipe.model.hidden_size, recipe.model.num_hidden_layers, recipe.optim.tokens_per_step
+    (384, 8, 8192)
+
+`TargetRecipe` trains the target from scratch with LayerSkip (layer dropout + early-exit loss) so its
+early layers can draft for self-speculation; `DraftRecipe` distils a much smaller model from a trained
+target. Paths are relative to the repository root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verispec.models.llama import LlamaConfig
+from verispec.train.token_stream import DEFAULT_MIX
+
+EOS_TOKEN_ID = 0  # <|endoftext|>, see chat_format.SPECIAL_TOKENS
+VOCAB_SIZE = 8192
+TOKENIZER_DIR = "verispec/data/tokenizer"
+TARGET_DIR = "verispec/data/target"
+DRAFT_DIR = "verispec/data/draft"
+
+
+def target_model_config() -> LlamaConfig:
+    """~15.7M parameters: 8 layers, hidden 384, 6 query heads of dim 64 sharing 2 KV heads."""
+    return LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
+
+
+def draft_model_config() -> LlamaConfig:
+    """~2.4M parameters (1.6M of them the tied embedding): 2 layers, hidden 192, 3 heads, 1 KV head."""
+    return LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=192, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to ``min_lr_ratio * lr`` over the planned steps."""
+
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seq_len: int = 256
+    micro_batch: int = 16  # sequences per forward pass
+    accum_steps: int = 2  # micro-batches per optimizer step
+    plan_after_steps: int = 5  # measure this many steps, then fix the planned step count
+    log_every: int = 10
+    checkpoint_every_s: float = 600.0
+    seed: int = 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.micro_batch * self.accum_steps
+
+
+@dataclass(frozen=True)
+class LayerSkipConfig:
+    """Layer dropout rising linearly from 0 (first layer) to ``max_dropout`` (last layer); early-exit
+    loss on ``exits_per_micro_batch`` exit layers, rotating through 1..L-1, each weighted
+    ``exit_loss_scale * e / (L - 1)`` (deeper exits weigh more) on top of the final loss."""
+
+    max_dropout: float = 0.1
+    exits_per_micro_batch: int = 1
+    exit_loss_scale: float = 0.5
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    windows_per_workload: int = 48  # held-out windows of seq_len tokens per workload
+    micro_batch: int = 16
+
+
+@dataclass(frozen=True)
+class TargetRecipe:
+    model: LlamaConfig = field(default_factory=target_model_config)
+    optim: OptimConfig = OptimConfig()
+    layerskip: LayerSkipConfig = LayerSkipConfig()
+    eval: EvalConfig = EvalConfig()
+    mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
+    init_std: float = 0.02
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    """Distillation: ``(1 - ce_weight) * KL(target || draft) + ce_weight * CE(next token)``, temperature 1."""
+
+    model: LlamaConfig = field(default_factory=draft_model_config)
+    optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=20, seed=1)
+    eval: EvalConfig = EvalConfig()
+    mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
+    ce_weight: float = 0.2
+    init_std: float = 0.02

@@ -1,0 +1,100 @@
+"""Command line for the default-pair recipes: ``verispec train tokenizer | target | draft``.
+
+    $ python -m verispec.train.train tokenizer                       # -> verispec/data/tokenizer
+    $ python -m verispec.train.train target --minutes 75             # -> verispec/data/target, runs/target
+    $ python -m verispec.train.train draft --minutes 30              # -> verispec/data/draft, runs/draft
+
+Order matters: the target needs the tokenizer, the draft needs a trained target. Each run writes a
+train.log and metrics.json into its run dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from verispec.train.recipes import DRAFT_DIR, TARGET_DIR, TOKENIZER_DIR, DraftRecipe, TargetRecipe
+
+logger = logging.getLogger(__name__)
+DEFAULT_THREADS = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verispec train", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    tokenizer = commands.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
+    tokenizer.add_argument("--out", default=TOKENIZER_DIR)
+    tokenizer.add_argument("--stats", default="runs/tokenizer/corpus_stats.json",
+                           help="where to write document / token counts per workload and split")
+
+    target = commands.add_parser("target", help="train the target model (LayerSkip recipe)")
+    target.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
+    target.add_argument("--tokenizer", default=TOKENIZER_DIR)
+    target.add_argument("--out", default=TARGET_DIR)
+    target.add_argument("--run-dir", default="runs/target")
+
+    draft = commands.add_parser("draft", help="distil the draft model from a trained target")
+    draft.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
+    draft.add_argument("--target", default=TARGET_DIR, help="trained target checkpoint dir")
+    draft.add_argument("--out", default=DRAFT_DIR)
+    draft.add_argument("--run-dir", default="runs/draft")
+
+    for command in (tokenizer, target, draft):
+        command.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
+    return parser
+
+
+def _log_to(run_dir: str | Path | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _train_tokenizer(args: argparse.Namespace) -> None:
+    from verispec.train.tokenizer import corpus_statistics, save_tokenizer, train_tokenizer
+
+    tokenizer = train_tokenizer()
+    save_tokenizer(tokenizer, args.out)
+    stats = corpus_statistics(tokenizer)
+    Path(args.stats).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.stats).write_text(json.dumps(stats, indent=2) + "\n")
+    logger.info("corpus statistics: %s", json.dumps(stats))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.command == "tokenizer":
+        _log_to(Path(args.stats).parent)
+        _train_tokenizer(args)
+    elif args.command == "target":
+        from verispec.train.target import train_target
+
+        _log_to(args.run_dir)
+        if not (Path(args.tokenizer) / "tokenizer.json").exists():
+            logger.error("no tokenizer in %s; run `verispec train tokenizer` first", args.tokenizer)
+            return 2
+        train_target(TargetRecipe(), args.minutes, args.out, args.run_dir, args.tokenizer)
+    elif args.command == "draft":
+        from verispec.train.draft import train_draft
+
+        _log_to(args.run_dir)
+        if not (Path(args.target) / "config.json").exists():
+            logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)
+            return 2
+        train_draft(DraftRecipe(), args.minutes, args.target, args.out, args.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
