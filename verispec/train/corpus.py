@@ -88,8 +88,14 @@ def _truncate_at_line(text: str, max_chars: int) -> str:
 
 
 def math_problems(split: Split) -> list[str]:
-    return [synthetic_math.make_problem(i, MATH_SEED) for i in range(MATH_NUM_PROBLEMS)
-            if _keep(f"math-{i}", split)]
+    """Split by problem index; templated problems can repeat, so a held-out problem whose exact text
+    also occurs in the train split is dropped from held-out (nothing held out is ever trained on)."""
+    chosen = [synthetic_math.make_problem(i, MATH_SEED) for i in range(MATH_NUM_PROBLEMS)
+              if _keep(f"math-{i}", split)]
+    if split == "heldout":
+        trained = set(math_problems("train"))
+        chosen = [problem for problem in chosen if problem not in trained]
+    return chosen
 
 
 def load_workload(name: Workload, split: Split) -> list[str]:

@@ -79,6 +79,7 @@ def verify_tree(tree: TokenTree, target_probs: torch.Tensor, mode: SiblingMode,
                     break
                 p = _renormalised(_without(p, token), fallback=p)
                 continue
+            assert q[token] > 0, f"drafted token {token} has no mass under the q it was drawn from"
             if u * q[token] < p[token]:  # u < min(1, p(x) / q(x)) without dividing
                 chosen = child
                 break

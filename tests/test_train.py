@@ -1,0 +1,94 @@
+"""Training pipeline: split hygiene, checkable synthetic math, the shipped tokenizer, and losses that learn."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from verispec.loading import DATA_DIR
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+from verispec.train import corpus
+from verispec.train.chat_format import render_chat
+from verispec.train.losses import distillation_loss, layerskip_loss
+from verispec.train.recipes import LayerSkipConfig
+from verispec.train.synthetic_math import make_problem
+from verispec.train.target import init_weights
+
+
+def test_split_is_stable_and_disjoint():
+    ids = [f"doc-{i}" for i in range(3000)]
+    heldout = {i for i in ids if corpus.is_heldout(i)}
+    assert 0.015 < len(heldout) / len(ids) < 0.05
+    assert heldout == {i for i in ids if corpus.is_heldout(i)}  # deterministic
+    train, held = corpus.load_workload("math", "train"), corpus.load_workload("math", "heldout")
+    assert held and not set(train) & set(held)
+
+
+def test_synthetic_math_answers_are_correct():
+    """Every step 'a op b = c' in the worked answer is arithmetic truth, and the final answer is c."""
+    for index in range(300):
+        problem = make_problem(index)
+        steps = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", problem)
+        assert steps, problem
+        for a, op, b, c in steps:
+            assert eval(f"{a} {op} {b}") == int(c), problem
+        assert problem.endswith(f"The answer is {steps[-1][3]}.")
+
+
+def test_shipped_tokenizer_loads_with_chat_template():
+    tokenizer = AutoTokenizer.from_pretrained(str(DATA_DIR / "tokenizer"))
+    assert len(tokenizer) == 8192 and tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 0
+    text = "def add(a, b):\n    return a + b  # ünïcode ok\n"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == render_chat(messages, add_generation_prompt=True)
+
+
+def tiny(layers=3, hidden=32, seed=0, std=0.02):
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=64,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=True))
+    init_weights(model, std)
+    return model
+
+
+def repeating_batch():
+    pattern = torch.tensor([3, 7, 11, 19, 23, 5, 9, 13])
+    return pattern.repeat(4, 5)[:, :33]  # (B, T + 1)
+
+
+def test_layerskip_loss_learns_and_trains_early_exits():
+    model = tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rng, tokens = random.Random(0), repeating_batch()
+    config = LayerSkipConfig(max_dropout=0.2, exits_per_micro_batch=2, exit_loss_scale=0.5)
+    first = last = None
+    for step in range(60):
+        loss, scalars = layerskip_loss(model, tokens, config, step, rng)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        first = first if first is not None else scalars
+        last = scalars
+    assert last["final_loss"] < 0.3 * first["final_loss"]
+    assert any(key.startswith("exit") for key in last)
+
+
+def test_distillation_pulls_the_draft_towards_the_teacher():
+    teacher, draft = tiny(seed=1, std=0.3), tiny(layers=1, seed=2)  # a peaked, far-from-uniform teacher
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
+    tokens = repeating_batch()
+    kls = []
+    for _ in range(40):
+        loss, scalars = distillation_loss(draft, teacher, tokens, ce_weight=0.2)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        kls.append(scalars["kl"])
+    assert kls[0] >= 0 and kls[-1] < 0.5 * kls[0]
