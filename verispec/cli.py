@@ -1,4 +1,4 @@
-"""Thin command-line dispatcher: verispec {demo, generate, plan, train}.
+"""Thin command-line dispatcher: verispec {demo, generate, plan, profile, train, ...}.
 
 Every error a user can cause prints one line ``verispec: error: ...`` and exits with status 2.
 """
@@ -71,22 +71,45 @@ def build_parser() -> argparse.ArgumentParser:
         description="E[N] = 1 + a_1 + a_1 a_2 + ... ; cycle = gamma * draft_ms + verify_ms + state_ms; "
                     "ms/token = cycle / E[N]; speedup = baseline_ms / ms/token. Example (SEED.md): "
                     "verispec plan --alpha 0.8 --gamma 4 --draft-ms 1 --verify-ms 12 --state-ms 2 --baseline-ms 10")
-    rates = plan.add_mutually_exclusive_group(required=True)
+    rates = plan.add_mutually_exclusive_group()
     rates.add_argument("--alpha", type=float, help="iid per-position acceptance probability")
     rates.add_argument("--acceptance", help="comma-separated conditional acceptance per draft position "
                                             "(measured; the last value repeats)")
     plan.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
-    plan.add_argument("--draft-ms", type=float, required=True, help="draft cost per proposed token")
-    plan.add_argument("--verify-ms", type=float, required=True,
-                      help="target verification cost of one round (gamma + 1 positions)")
+    plan.add_argument("--profile", metavar="FILE",
+                      help="use measured costs (and calibrated acceptance) from 'verispec profile'")
+    plan.add_argument("--draft-ms", type=float, help="draft cost per proposed token")
+    plan.add_argument("--verify-ms", type=float, help="target verification cost of one round (gamma + 1 positions)")
     plan.add_argument("--verify-slope-ms", type=float, default=None,
                       help="with --sweep: extra verify ms per extra verified position (default 0: flat)")
     plan.add_argument("--state-ms", type=float, default=0.0, help="state handling per round (default 0)")
-    plan.add_argument("--baseline-ms", type=float, required=True, help="plain decoding cost per token")
+    plan.add_argument("--baseline-ms", type=float, help="plain decoding cost per token")
     plan.add_argument("--sweep", type=int, nargs="?", const=8, default=None, metavar="MAX_GAMMA",
                       help="tabulate gamma = 1..MAX_GAMMA (default 8) and mark the best")
     plan.add_argument("--json", action="store_true", help="print JSON")
     plan.set_defaults(run=_run_plan)
+
+    from verispec.audit import add_parser as add_audit_parser
+
+    add_audit_parser(commands)
+
+    prof = commands.add_parser(
+        "profile", help="measure draft, verify (vs positions and tree shape), state and decode costs",
+        description="Measure on this machine what the planner needs and write a profile JSON; with "
+                    "--calibrate, also per-position acceptance on held-out prompts. Then: "
+                    "verispec plan --profile FILE")
+    add_model_options(prof)
+    prof.add_argument("--out", default="profile.json", help="profile JSON path (default profile.json)")
+    prof.add_argument("--plot", metavar="PNG", help="also plot verify(n)/decode(1) to this PNG")
+    prof.add_argument("--context", type=int, default=128, help="committed tokens before the measured pass")
+    prof.add_argument("--max-positions", type=int, default=32, help="verify curve up to n positions (32)")
+    prof.add_argument("--repeats", type=int, default=15, help="repeats per measurement; medians (15)")
+    prof.add_argument("--calibrate", type=int, default=0, metavar="N",
+                      help="measure acceptance on N held-out prompts per workload (default 0: skip)")
+    prof.add_argument("--calibrate-gamma", type=int, default=8, help="drafts per round while calibrating (8)")
+    prof.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    prof.add_argument("--json", action="store_true", help="print the profile JSON")
+    prof.set_defaults(run=_run_profile)
 
     train = commands.add_parser("train", help="train the embedded pair (tokenizer | target | draft)",
                                 add_help=False)
@@ -222,6 +245,12 @@ def _run_plan(args) -> int:
             acceptance = [float(x) for x in args.acceptance.split(",")]
         except ValueError:
             raise VerispecError(f"--acceptance must be comma-separated numbers, got {args.acceptance!r}") from None
+    if args.profile:
+        return _plan_from_profile(args, acceptance)
+    missing = [f"--{n.replace('_', '-')}" for n in ("draft_ms", "verify_ms", "baseline_ms") if getattr(args, n) is None]
+    if missing or (args.alpha is None and acceptance is None):
+        raise VerispecError(f"give --alpha or --acceptance and {', '.join(missing) or 'the costs'}, "
+                            "or --profile FILE")
     for name in ("draft_ms", "verify_ms", "state_ms", "baseline_ms"):
         if getattr(args, name) < 0:
             raise VerispecError(f"--{name.replace('_', '-')} must be >= 0")
@@ -255,6 +284,71 @@ def _run_plan(args) -> int:
     for p in plans:
         mark = "  <- best" if p is best else ""
         print(f"{p.gamma:5d}  {p.expected_tokens:12.4f}  {p.cycle_ms:8.3f}  {p.ms_per_token:8.3f}  {p.speedup:6.3f}x{mark}")
+    return 0
+
+
+def _plan_from_profile(args, acceptance) -> int:
+    from pathlib import Path
+
+    from verispec.profile import plan_from_profile
+
+    try:
+        data = json.loads(Path(args.profile).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
+    if args.alpha is not None:
+        acceptance = [args.alpha]
+    try:
+        plans, best = plan_from_profile(data, acceptance, args.sweep or 8)
+    except (ValueError, KeyError) as err:
+        raise VerispecError(f"profile {args.profile!r} cannot be planned from: {err}") from None
+    if args.json:
+        print(json.dumps({"plans": [p.as_dict() for p in plans], "best_gamma": best.gamma,
+                          "baseline_ms": data["decode_ms"]}))
+        return 0
+    print(f"measured: decode {data['decode_ms']:.2f} ms, draft {data['draft_ms']:.2f} ms/token, "
+          f"state {data['state_ms']:.3f} ms")
+    print("gamma  tokens/round  cycle ms  ms/token  speedup")
+    for p in plans:
+        mark = "  <- best" if p is best else ""
+        print(f"{p.gamma:5d}  {p.expected_tokens:12.4f}  {p.cycle_ms:8.3f}  {p.ms_per_token:8.3f}  {p.speedup:6.3f}x{mark}")
+    return 0
+
+
+def _run_profile(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from verispec import profile as profiler
+    from verispec.loading import build_engine, load_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.max_positions < 2 or args.repeats < 1 or args.context < 1:
+        raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1")
+    pair = load_pair(args.target, args.draft, device=args.device)
+    bar = lambda items: tqdm(items, desc="verify curve", unit="n", file=sys.stderr)
+    data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar)
+    data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)
+    if args.calibrate:
+        from verispec.config import SpecConfig
+        from verispec.demo import demo_prompts
+
+        prompts = [pair.tokenizer.encode(p, add_special_tokens=False)
+                   for items in demo_prompts(args.calibrate).values() for p in items]
+        engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma))
+        data["calibration"] = {"prompts": len(prompts), "gamma": args.calibrate_gamma,
+                               "acceptance": profiler.calibrate(engine, prompts, args.calibrate_gamma, 64)}
+    profiler.save(data, args.out)
+    if args.plot:
+        profiler.plot_verify_curve(data, args.plot)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    curve = " ".join(f"{n}:{data['verify_ms'][str(n)] / data['decode_ms']:.2f}" for n in (2, 4, 8, 16, 32)
+                     if str(n) in data["verify_ms"])
+    print(f"decode {data['decode_ms']:.2f} ms; draft {data.get('draft_ms', float('nan')):.2f} ms/token; "
+          f"verify(n)/decode: {curve}; profile written to {args.out}")
     return 0
 
 

@@ -1,0 +1,38 @@
+"""Profiler and planner plumbing (timings themselves are benchmarks, not tests)."""
+
+import json
+
+import pytest
+
+from verispec.cli import main
+from verispec.config import SamplingParams, TreeShape
+from verispec.drafters import DraftModelDrafter
+from verispec.engine import SpecEngine
+from verispec.models.llama import load_checkpoint
+from verispec.profile import calibrate, plan_from_profile, profile, static_tree
+
+
+@pytest.mark.parametrize("name", ["s3_k2_d6", "s4_k1_d5", "s2_k3_d7", "s5_k2_d9"])
+def test_static_tree_matches_the_drafters_topology(checkpoints, name):
+    drafter = DraftModelDrafter(load_checkpoint(checkpoints["draft"]))
+    proposal = drafter.propose_tree([1, 2, 3], TreeShape.parse(name), "deterministic", SamplingParams(temperature=0), None)
+    assert static_tree(TreeShape.parse(name)).parents == proposal.tree.parents
+
+
+def test_profile_and_plan(checkpoints, tmp_path):
+    target, draft = load_checkpoint(checkpoints["llama"]), load_checkpoint(checkpoints["draft"])
+    data = profile(target, draft, context=16, max_positions=4, repeats=1, tree_shapes=("s3_k2_d6",))
+    assert set(data["verify_ms"]) == {"1", "2", "3", "4"} and data["decode_ms"] == data["verify_ms"]["1"]
+    assert data["draft_ms"] > 0 and "s3_k2_d6" in data["tree_verify_ms"]
+    plans, best = plan_from_profile(data, acceptance=[0.9, 0.8])
+    assert [p.gamma for p in plans] == [0, 1, 2, 3] and plans[0].speedup == pytest.approx(1.0)
+    assert best.speedup == max(p.speedup for p in plans)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", "--profile", str(path), "--acceptance", "0.7", "--json"]) == 0
+
+
+def test_calibration_measures_conditional_acceptance(checkpoints):
+    target = load_checkpoint(checkpoints["llama"])
+    engine = SpecEngine(target, DraftModelDrafter(target))  # draft == target: everything accepted
+    assert calibrate(engine, [[1, 2, 3]], gamma=3, max_tokens=20) == [1.0, 1.0, 1.0]

@@ -1,0 +1,159 @@
+"""``verispec profile``: measure the costs the planner needs, on this hardware.
+
+    verispec profile --target DIR --draft DIR --out profile.json [--plot verify.png]
+
+Measured (medians of interleaved repeats, milliseconds):
+- ``decode_ms``: one target forward of 1 new token after a ``context``-token prefix (plain decoding);
+- ``verify_ms[n]``: one target forward of n new positions (a chain), n = 1..max_positions;
+- ``tree_verify_ms[shape]``: one forward of a static tree shape with its ancestor mask;
+- ``draft_ms``: one draft-model forward of 1 token (cost per proposed token);
+- ``state_ms``: cache bookkeeping of a round (commit / rollback; compaction of a scattered tree path);
+- ``calibration`` (optional): per-position conditional acceptance of the draft on held-out prompts,
+  measured with the engine at ``max gamma`` (not an iid assumption).
+
+The planner (``plan_from_profile``) combines them with the cost model: for each gamma,
+cycle = gamma * draft_ms + verify_ms[gamma + 1] + state_ms, E[N] from the measured acceptance, and
+predicted speedup = decode_ms / (cycle / E[N]).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from verispec import costmodel
+from verispec.config import SamplingParams, SpecConfig, StopRules, TreeShape
+from verispec.models.llama import LlamaForCausalLM
+from verispec.tree import TokenTree
+
+DEFAULT_TREE_SHAPES = ("s3_k2_d6", "s4_k2_d8", "s2_k3_d7", "s5_k2_d9")
+
+
+def _median_ms(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        run()
+        times.append(1e3 * (time.perf_counter() - began))
+    return statistics.median(times)
+
+
+def _prefilled_cache(model: LlamaForCausalLM, context: int, extra: int):
+    cache = model.new_cache(1, context + extra + 1)
+    model.forward(torch.randint(0, model.config.vocab_size, (1, context)), cache)
+    cache.commit(0, context)
+    return cache
+
+
+def measure_forward_ms(model: LlamaForCausalLM, positions: int, context: int, repeats: int,
+                       tree: TokenTree | None = None) -> float:
+    """Median ms of one forward over ``positions`` new tokens after ``context`` committed ones."""
+    cache = _prefilled_cache(model, context, positions)
+    tokens = torch.randint(0, model.config.vocab_size, (1, positions))
+    kwargs = {}
+    if tree is not None:
+        buffers = tree.compile()
+        kwargs = {"tree_mask": buffers.ancestor_mask, "depths": buffers.depths}
+    model.forward(tokens, cache, **kwargs)  # warm-up
+    return _median_ms(lambda: model.forward(tokens, cache, **kwargs), repeats)
+
+
+def static_tree(shape: TreeShape) -> TokenTree:
+    """The topology ``DraftModelDrafter.propose_tree`` builds for a static shape (tokens arbitrary)."""
+    parents, extras, main = [-1], shape.num_drafts - shape.depth, 0
+    for _ in range(shape.depth):
+        width = 1 + min(shape.branching - 1, extras)
+        extras -= width - 1
+        first = len(parents)
+        parents += [main] * width
+        main = first
+    return TokenTree(parents=parents, tokens=[0] * len(parents))
+
+
+def measure_state_ms(model: LlamaForCausalLM, context: int, repeats: int) -> dict[str, float]:
+    cache = _prefilled_cache(model, context, 16)
+    length = cache.lengths[0]
+
+    def rollback():
+        cache.commit(0, 3)
+        cache.set_length(0, length)
+
+    def compact():
+        cache.compact(0, [length, length + 2, length + 5, length + 7])
+        cache.set_length(0, length)
+
+    return {"chain_commit_ms": _median_ms(rollback, repeats), "tree_compact_ms": _median_ms(compact, repeats)}
+
+
+def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int) -> list[float]:
+    """Conditional acceptance per draft position over greedy runs of the engine on ``prompts``."""
+    reached = [0] * (gamma + 1)
+    accepted = [0] * (gamma + 1)
+    for prompt in prompts:
+        result = engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(gamma=gamma),
+                                 StopRules(max_tokens=max_tokens, ignore_eos=True))
+        for record in result.stats.rounds:
+            for position in range(1, min(record.drafted, record.accepted + 1) + 1):
+                reached[position] += 1
+                accepted[position] += position <= record.accepted
+    return [accepted[i] / reached[i] if reached[i] else 0.0 for i in range(1, gamma + 1)]
+
+
+def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: int = 128,
+            max_positions: int = 32, repeats: int = 15, tree_shapes=DEFAULT_TREE_SHAPES,
+            progress=None) -> dict:
+    steps = list(range(1, max_positions + 1))
+    result = {"context": context, "repeats": repeats, "threads": torch.get_num_threads(),
+              "verify_ms": {}, "tree_verify_ms": {}}
+    for n in (progress(steps) if progress else steps):
+        result["verify_ms"][str(n)] = measure_forward_ms(target, n, context, repeats)
+    result["decode_ms"] = result["verify_ms"]["1"]
+    for name in tree_shapes:
+        tree = static_tree(TreeShape.parse(name))
+        result["tree_verify_ms"][name] = measure_forward_ms(target, len(tree.parents), context, repeats, tree)
+    if draft is not None:
+        result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats)
+    result.update(measure_state_ms(target, context, repeats))
+    result["state_ms"] = result["chain_commit_ms"]
+    return result
+
+
+def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None, max_gamma: int | None = None):
+    """Predicted plans for gamma 0 (plain decoding, speedup 1 by definition) .. max_gamma from a
+    profile (and its calibration, if any)."""
+    acceptance = acceptance or profile_data.get("calibration", {}).get("acceptance")
+    if not acceptance:
+        raise ValueError("no acceptance: pass --acceptance or profile with --calibrate")
+    verify = {int(n): ms for n, ms in profile_data["verify_ms"].items()}
+    top = min(max_gamma or len(verify) - 1, len(verify) - 1)
+    return costmodel.sweep(range(0, top + 1), draft_ms=profile_data["draft_ms"],
+                           verify_ms=lambda n: verify[n], state_ms=profile_data["state_ms"],
+                           baseline_ms=profile_data["decode_ms"], acceptance=acceptance)
+
+
+def plot_verify_curve(profile_data: dict, path: str | Path, label: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = sorted(int(n) for n in profile_data["verify_ms"])
+    ratio = [profile_data["verify_ms"][str(n)] / profile_data["decode_ms"] for n in positions]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(positions, ratio, marker="o", label=label or "verify(n) / decode(1)")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="roofline (weights read once)")
+    ax.set_xlabel("verified positions n")
+    ax.set_ylabel("verify ms / plain decode ms")
+    ax.set_title("Target verification cost curve")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save(profile_data: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile_data, indent=2) + "\n")
