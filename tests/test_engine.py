@@ -149,3 +149,17 @@ def test_bad_requests_raise_user_errors(models):
         StopRules(max_tokens=0)
     with pytest.raises(SamplingError):
         SpecConfig(gamma=0)
+
+
+@pytest.mark.parametrize("policy_name", ["adaptive", "hf"])
+def test_gamma_policies_keep_greedy_outputs(models, policy_name):
+    from verispec.adaptive import make_policy
+
+    target = models["llama"]
+    policy = make_policy(policy_name, 6)
+    engine = SpecEngine(target, DraftModelDrafter(models["draft"]), gamma_policy=policy)
+    spec = SpecConfig(gamma=6, gamma_policy=policy_name)
+    for _ in range(2):  # the policy's measurements carry over between requests
+        result = engine.generate(PROMPT, GREEDY, spec, StopRules(max_tokens=40))
+        assert result.tokens == plain(target).tokens
+    assert len({r.drafted for r in result.stats.rounds}) > 1  # gamma really changed between rounds

@@ -78,6 +78,30 @@ class AdaptiveGamma:
                     self.accepted[position] += 1
 
 
+class FixedGamma:
+    """The same gamma every round."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+    def choose(self, batch_size: int = 1) -> int:
+        return self.gamma
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def make_policy(name: str, gamma: int):
+    """``fixed`` | ``adaptive`` | ``hf`` -> a policy object (choose / observe)."""
+    if name == "fixed":
+        return FixedGamma(gamma)
+    if name == "adaptive":
+        return AdaptiveGamma(max_gamma=max(gamma, 1))
+    if name == "hf":
+        return HFHeuristicGamma(initial=gamma)
+    raise ValueError(f"unknown gamma policy {name!r}")
+
+
 class HFHeuristicGamma:
     """transformers' schedule: start at ``initial``; +2 when every draft was accepted, else -1 (min 1)."""
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.adaptive import FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
@@ -64,17 +65,6 @@ class _Sequence:
     last_emit: float
     generated: list[int] = field(default_factory=list)
     draft_seen: list[int] = field(default_factory=list)
-
-
-class FixedGamma:
-    def __init__(self, gamma: int):
-        self.gamma = gamma
-
-    def choose(self, batch_size: int) -> int:
-        return self.gamma
-
-    def observe(self, *args) -> None:
-        pass
 
 
 class BatchEngine:

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_parser(commands)
 
+    from verispec.server.cli import add_parser as add_serve_parser
+
+    add_serve_parser(commands)
+
     prof = commands.add_parser(
         "profile", help="measure draft, verify (vs positions and tree shape), state and decode costs",
         description="Measure on this machine what the planner needs and write a profile JSON; with "
@@ -126,7 +130,11 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                              "matches when --tree is given); self: the target's first --exit-layer layers "
                              "draft (LayerSkip self-speculation, no draft model)")
     parser.add_argument("--exit-layer", type=int, default=2, help="self: layers that draft (default 2)")
-    parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4)")
+    parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4; the maximum "
+                                                             "with --gamma-policy adaptive|hf)")
+    parser.add_argument("--gamma-policy", choices=["fixed", "adaptive", "hf"], default="fixed",
+                        help="fixed: always --gamma; adaptive: pick gamma (0 = off) from measured round "
+                             "times and acceptance; hf: transformers' +2 if all accepted / -1 otherwise")
     parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
                              "root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default s3_k2_d6")
@@ -145,7 +153,8 @@ def spec_from_args(args):
     if args.no_spec:
         return SpecConfig(method="none")
     shape = "tree" if args.method == "tree" or (args.method == "ngram" and args.tree) else "chain"
-    return SpecConfig(method=shape, gamma=args.gamma, tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
+    return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=args.gamma_policy,
+                      tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit"}.get(args.method, "model"),
                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)
 

@@ -16,6 +16,8 @@ METHODS: tuple[str, ...] = ("none", "chain", "tree")
 SiblingMode = Literal["iid", "without_replacement", "deterministic"]
 SIBLING_MODES: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
 DYNAMIC_TREE_DEPTH, DYNAMIC_TREE_TOPK = 6, 4
+GammaPolicy = Literal["fixed", "adaptive", "hf"]
+GAMMA_POLICIES: tuple[str, ...] = ("fixed", "adaptive", "hf")
 DrafterKind = Literal["model", "ngram", "early_exit"]
 DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit")
 
@@ -99,7 +101,8 @@ class TreeShape:
 @dataclass(frozen=True)
 class SpecConfig:
     method: Method = "chain"
-    gamma: int = 4  # chain drafts per round
+    gamma: int = 4  # chain drafts per round (the maximum, for adaptive policies)
+    gamma_policy: GammaPolicy = "fixed"  # adaptive: from measured costs and acceptance; hf: +2 / -1
     tree: str = "s3_k2_d6"  # tree shape, method "tree" only
     sibling_mode: SiblingMode = "deterministic"  # how a tree's siblings are drawn (sampling only)
     drafter: DrafterKind = "model"  # where drafts come from: a draft model or n-gram lookup
@@ -115,6 +118,8 @@ class SpecConfig:
             raise SamplingError(f"gamma must be in 1..64, got {self.gamma}")
         if self.sibling_mode not in SIBLING_MODES:
             raise SamplingError(f"unknown sibling mode {self.sibling_mode!r}; choose one of {', '.join(SIBLING_MODES)}")
+        if self.gamma_policy not in GAMMA_POLICIES:
+            raise SamplingError(f"unknown gamma policy {self.gamma_policy!r}; choose one of {', '.join(GAMMA_POLICIES)}")
         if self.drafter not in DRAFTER_KINDS:
             raise SamplingError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -42,10 +42,14 @@ class GenerationResult:
 
 
 class SpecEngine:
-    def __init__(self, target: LlamaForCausalLM, drafter: Drafter | None = None, decode: Decode | None = None):
+    def __init__(self, target: LlamaForCausalLM, drafter: Drafter | None = None, decode: Decode | None = None,
+                 gamma_policy=None):
         self.target = target
         self.drafter = drafter
         self.decode = decode
+        # Chains: drafts per round come from this policy when set (kept across requests, so an
+        # adaptive policy's measurements carry over); otherwise spec.gamma.
+        self.gamma_policy = gamma_policy
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
                  spec: SpecConfig = SpecConfig(), stop: StopRules = StopRules(), seed: int = 0) -> GenerationResult:
@@ -124,7 +128,7 @@ class Generation:
     def _propose(self, record: RoundRecord) -> Proposal:
         began = time.perf_counter()
         remaining = self.stop.max_tokens - len(self.generated)
-        num_drafts = min(self.spec.max_drafts, remaining - 1)
+        num_drafts = min(self._gamma(), remaining - 1)
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
@@ -139,6 +143,12 @@ class Generation:
         tree = proposal.tree
         record.drafted = int(tree.compile().depths.max()) if tree is not None else proposal.num_drafts
         return proposal
+
+    def _gamma(self) -> int:
+        policy = self.engine.gamma_policy
+        if self.spec.method == "chain" and policy is not None:
+            return min(policy.choose(1), self.spec.gamma)
+        return self.spec.max_drafts
 
     def _sibling_mode(self, tree: TokenTree | None = None) -> str:
         point_masses = tree is not None and tree.draft_probs is None
@@ -211,6 +221,8 @@ class Generation:
 
     def _record(self, record: RoundRecord, chunk: list[int], gap_s: float) -> None:
         record.other_s = max(0.0, gap_s - record.draft_s - record.verify_s - record.state_s)
+        if self.engine.gamma_policy is not None and self.spec.method == "chain":
+            self.engine.gamma_policy.observe(1, record.drafted, record.total_s, [record.accepted], [record.drafted])
         self.stats.rounds.append(record)
         if chunk:
             self.stats.chunk_gaps_s.append(gap_s)
