@@ -24,10 +24,11 @@ import torch
 
 from verispec.adaptive import FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters.base import common_prefix_length
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
-from verispec.sampling import logits_to_probs, sample_from
+from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
@@ -211,12 +212,11 @@ class BatchEngine:
                 params = sequence.request.sampling
                 if step >= num_drafts[row]:  # this row needs no more drafts: pad without using its RNG
                     drafts[row].append(sequence.context[-1])
-                elif params.greedy:
-                    drafts[row].append(int(last[row].argmax()))
                 else:
-                    q = logits_to_probs(last[row], params)
-                    drafts[row].append(sample_from(q, sequence.generator))
-                    probs[row].append(q)
+                    token, q = draw_draft(last[row], params, sequence.generator)
+                    drafts[row].append(token)
+                    if q is not None:
+                        probs[row].append(q)
         self.draft_cache.sync_prefix(view)
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
@@ -246,7 +246,7 @@ class BatchEngine:
         events = [self._emit(row, verdict.tokens) for row, verdict in enumerate(verdicts)]
         if self.draft_cache is not None:
             for row, sequence in enumerate(self.rows):
-                keep = min(_common_prefix_length(sequence.draft_seen, sequence.context), len(sequence.context) - 1)
+                keep = min(common_prefix_length(sequence.draft_seen, sequence.context), len(sequence.context) - 1)
                 del sequence.draft_seen[keep:]
                 self.draft_cache.set_length(row, keep)
         # Release finished rows last-to-first so moving rows does not disturb indices still to visit.
@@ -278,10 +278,3 @@ class BatchEngine:
                 sequence.stats.chunk_gaps_s.append(gap)
                 sequence.stats.token_gaps_s.extend([gap] + [0.0] * (len(event.tokens) - 1))
                 sequence.last_emit = now
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

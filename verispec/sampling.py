@@ -76,3 +76,16 @@ def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token from probs (V,) with a uniform from ``generator``."""
     return sample(probs, torch.rand((), generator=generator, dtype=torch.float64).item())
+
+
+def draw_draft(logits: torch.Tensor, params: SamplingParams,
+               generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """A drafter's step: the token it proposes from logits (V,) and the q it was drawn from.
+
+    Greedy drafts are a point mass on the argmax (q None: the verifier treats them as one-hot);
+    otherwise the token is sampled from the request's transformed distribution, which is returned.
+    """
+    if params.greedy:
+        return int(logits.argmax()), None
+    probs = logits_to_probs(logits, params)
+    return sample_from(probs, generator), probs

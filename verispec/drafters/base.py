@@ -44,3 +44,12 @@ class Drafter(Protocol):
     def commit(self, context: list[int]) -> None: ...
 
     def reset(self) -> None: ...
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share: how much of a drafter's cache stays valid."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from verispec.config import SamplingParams, SiblingMode, TreeShape
-from verispec.drafters.base import Proposal
+from verispec.drafters.base import Proposal, common_prefix_length
 from verispec.models.llama import LlamaForCausalLM
-from verispec.sampling import logits_to_probs, sample_from
+from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import TokenTree
 
 
@@ -41,13 +41,10 @@ class DraftModelDrafter:
         for step in range(num_drafts):
             if step:
                 logits = self._feed([tokens[-1]])
-            if sampling.greedy:  # a point mass on the argmax: no probabilities needed
-                token = int(logits.argmax())
-            else:
-                step_probs = logits_to_probs(logits, sampling)
-                token = sample_from(step_probs, generator)
-                probs.append(step_probs)
+            token, step_probs = draw_draft(logits, sampling, generator)
             tokens.append(token)
+            if step_probs is not None:
+                probs.append(step_probs)
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
 
     # ---- trees ---------------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ class DraftModelDrafter:
     def commit(self, context: list[int]) -> None:
         """``context`` is now the committed sequence: keep only the KV of its tokens we have seen."""
         # Always leave the last committed token unseen: its logits are what the next propose needs.
-        keep = min(_common_prefix_length(self.seen, context), len(context) - 1)
+        keep = min(common_prefix_length(self.seen, context), len(context) - 1)
         self.seen = self.seen[:keep]
         self.cache.set_length(0, keep)
 
@@ -167,10 +164,3 @@ def _tree_proposal(parents: list[int], tokens: list[int], rows: dict[int, torch.
     tree = TokenTree(parents=parents, tokens=tokens, draft_probs=draft_probs)
     return Proposal(torch.tensor(tokens[1:], dtype=torch.long), None, tree)
 
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

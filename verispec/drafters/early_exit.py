@@ -21,7 +21,7 @@ from verispec.config import SamplingParams
 from verispec.drafters.base import Proposal
 from verispec.errors import VerispecError
 from verispec.models.llama import LlamaForCausalLM
-from verispec.sampling import logits_to_probs, sample_from
+from verispec.sampling import draw_draft
 
 
 class EarlyExitDrafter:
@@ -57,14 +57,10 @@ class EarlyExitDrafter:
                                           self.exit_layer)[0, -1]  # (H,)
                 cache.commit(0, 1)
                 exit_hidden.append(hidden)
-                logits = model.logits(hidden)
-                if sampling.greedy:
-                    fed = int(logits.argmax())
-                else:
-                    step_probs = logits_to_probs(logits, sampling)
-                    fed = sample_from(step_probs, generator)
-                    probs.append(step_probs)
+                fed, step_probs = draw_draft(model.logits(hidden), sampling, generator)
                 tokens.append(fed)
+                if step_probs is not None:
+                    probs.append(step_probs)
         finally:
             cache.set_length(0, base)  # drafted slots are staged, never committed here
         hidden = torch.stack(exit_hidden)[None] if exit_hidden else None  # (1, K, H)
