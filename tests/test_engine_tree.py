@@ -48,18 +48,22 @@ def test_wider_trees_commit_more_with_a_perfect_draft(models):
     assert result.stats.summary()["tree_nodes"] == pytest.approx(5, abs=1)
 
 
-@pytest.mark.parametrize("shape,mode", [("s3_k2_d6", "deterministic"), ("s3_k3_d8", "iid"),
-                                        ("s3_k3_d8", "without_replacement"), ("dynamic:8", "deterministic")])
-def test_kv_state_follows_accepted_path(models, shape, mode):
-    target, draft = models["llama"], models["draft"]
+@pytest.mark.parametrize("shape,mode,draft_name", [("s3_k2_d6", "deterministic", "llama"), ("s3_k3_d8", "iid", "draft"),
+                                                   ("s3_k3_d8", "without_replacement", "draft"),
+                                                   ("dynamic:8", "deterministic", "llama")])
+def test_kv_state_follows_accepted_path(models, shape, mode, draft_name):
+    """Sampling at temperature 1, so some paths are accepted and others rejected. Top-k (deterministic)
+    children of an unrelated random draft are almost never accepted, so those cases draft with the
+    target's own weights (still rejected often: a top-k child is accepted with probability p(x))."""
+    target, draft = models["llama"], models[draft_name]
     drafter = DraftModelDrafter(draft)
     generation = SpecEngine(target, drafter).stream(
         PROMPT, SamplingParams(temperature=1.0), SpecConfig(method="tree", tree=shape, sibling_mode=mode),
         StopRules(max_tokens=300), seed=4)
-    for count, _ in enumerate(generation):
-        if count == 15:
+    for count, _ in enumerate(generation):  # until some path below the root was accepted and compacted
+        if count >= 15 and sum(r.accepted > 1 for r in generation.stats.rounds) >= 2 or count == 150:
             break
-    assert any(r.accepted for r in generation.stats.rounds), "want some accepted paths to compact"
+    assert sum(r.accepted > 1 for r in generation.stats.rounds) >= 2, "want accepted paths to compact"
     assert_cache_matches_fresh_prefill(target, generation.cache, generation.context[:-1])
     assert drafter.seen == generation.context[:len(drafter.seen)]
     assert_cache_matches_fresh_prefill(draft, drafter.cache, drafter.seen)

@@ -163,6 +163,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="DIR", help="target checkpoint dir (HF format); default: embedded")
     parser.add_argument("--draft", metavar="DIR", help="draft checkpoint dir (HF format); default: embedded")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
+                        help="auto: native model for Llama/Qwen2/Mistral, transformers adapter for any other "
+                             "causal LM; hf: force the adapter (the peer baseline)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +192,7 @@ def _run_generate(args) -> int:
     if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
                             "(--no-spec, --method ngram and --method self need only --target)")
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft)
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend)
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),
@@ -335,7 +338,7 @@ def _run_profile(args) -> int:
         torch.set_num_threads(args.threads)
     if args.max_positions < 2 or args.repeats < 1 or args.context < 1:
         raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1")
-    pair = load_pair(args.target, args.draft, device=args.device)
+    pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend)
     bar = lambda items: tqdm(items, desc="verify curve", unit="n", file=sys.stderr)
     data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar)
     data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)

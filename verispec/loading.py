@@ -2,23 +2,31 @@
 
     pair = load_pair(target_dir=None, draft_dir=None)   # None -> the embedded default pair
     engine = build_engine(pair, SpecConfig(method="chain", gamma=4))
+
+Llama-family checkpoints (Llama, Qwen2, Mistral) load into the native model; any other causal LM
+transformers knows (GPT-2, GPT-NeoX, OPT, ...) loads through the transformers adapter, which
+``backend="hf"`` also forces for a Llama checkpoint (the peer baseline).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Union
 
 import torch
 
+from verispec.adaptive import make_policy
 from verispec.config import SpecConfig
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
-from verispec.models.llama import LlamaForCausalLM, load_checkpoint
+from verispec.models.hf import HFModel, load_hf_checkpoint
+from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +34,16 @@ DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_TARGET = DATA_DIR / "target"
 DEFAULT_DRAFT = DATA_DIR / "draft"
 
+Backend = Literal["auto", "native", "hf"]
+BACKENDS: tuple[str, ...] = ("auto", "native", "hf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+Model = Union[LlamaForCausalLM, HFModel]
+
 
 @dataclass
 class ModelPair:
-    target: LlamaForCausalLM
-    draft: LlamaForCausalLM | None
+    target: Model
+    draft: Model | None
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     target_dir: Path
     draft_dir: Path | None
@@ -48,15 +61,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(path: str | Path, device: str = "cpu") -> LlamaForCausalLM:
-    return load_checkpoint(_checkpoint_dir(path), device=resolve_device(device))
+def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto") -> Model:
+    """The native model for Llama/Qwen2/Mistral checkpoints, the transformers adapter for any other
+    causal LM. backend: "native" or "hf" forces one ("hf" on a Llama checkpoint gives the peer baseline)."""
+    if backend not in BACKENDS:
+        raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    path, device = _checkpoint_dir(path), resolve_device(device)
+    if backend == "auto":
+        backend = "native" if _model_type(path) in ARCHITECTURES else "hf"
+    if backend == "native":
+        return load_checkpoint(path, device=device)
+    return load_hf_checkpoint(path, device=device)
 
 
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     path = _checkpoint_dir(path)
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{str(path)!r} has no tokenizer files (tokenizer.json); copy the tokenizer "
                               "into the checkpoint directory")
     try:
@@ -66,23 +88,25 @@ def load_tokenizer(path: str | Path):
 
 
 def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None = None,
-              device: str = "cpu", need_draft: bool = True) -> ModelPair:
-    """Load target (+ draft); None for both means the embedded default pair shipped in the package."""
+              device: str = "cpu", need_draft: bool = True, backend: Backend = "auto") -> ModelPair:
+    """Load target (+ draft); None for both means the embedded default pair shipped in the package.
+    ``backend`` applies to both models (see ``load_model``)."""
     if target_dir is None:
         if not embedded_pair_available():
             raise CheckpointError("the embedded default model pair is not installed in this package; pass "
                                   "--target DIR (and --draft DIR)")
         target_dir = DEFAULT_TARGET
         draft_dir = DEFAULT_DRAFT if draft_dir is None else draft_dir
-    target = load_model(target_dir, device)
-    draft = load_model(draft_dir, device) if (need_draft and draft_dir is not None) else None
+    target = load_model(target_dir, device, backend)
+    draft = load_model(draft_dir, device, backend) if (need_draft and draft_dir is not None) else None
+    tokenizer = load_tokenizer(target_dir)
     if draft is not None:
         check_compatible(target, draft)
-    return ModelPair(target, draft, load_tokenizer(target_dir), Path(target_dir),
-                     Path(draft_dir) if draft_dir is not None else None)
+        check_same_tokenizer(tokenizer, draft_dir)
+    return ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
 
 
-def check_compatible(target: LlamaForCausalLM, draft: LlamaForCausalLM) -> None:
+def check_compatible(target: Model, draft: Model) -> None:
     """Target and draft must score the same token ids; refuse a draft with another vocabulary."""
     if target.config.vocab_size != draft.config.vocab_size:
         raise CheckpointError(
@@ -90,7 +114,21 @@ def check_compatible(target: LlamaForCausalLM, draft: LlamaForCausalLM) -> None:
             f"({target.config.vocab_size}); speculative decoding needs a draft with the target's tokenizer")
 
 
+def check_same_tokenizer(target_tokenizer, draft_dir: str | Path) -> None:
+    """A draft directory that ships its own tokenizer must map every token to the target's id: equal
+    vocabulary sizes alone do not mean the ids agree (a different special token shifts them)."""
+    draft_dir = _checkpoint_dir(draft_dir)
+    if not any((draft_dir / name).is_file() for name in TOKENIZER_FILES):
+        return  # no tokenizer of its own: it is assumed to use the target's
+    if load_tokenizer(draft_dir).get_vocab() != target_tokenizer.get_vocab():
+        raise CheckpointError(
+            f"the draft's tokenizer in {str(draft_dir)!r} differs from the target's (its token -> id map is "
+            "not the same); heterogeneous vocabularies are not supported yet, so use a draft trained with "
+            "the target's tokenizer")
+
+
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
+    _check_backend_supports(pair, spec)
     drafter = None
     if spec.enabled and spec.drafter == "ngram":
         drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
@@ -101,7 +139,36 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
         drafter = DraftModelDrafter(pair.draft)
     tokenizer = pair.tokenizer
-    return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
+    return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                      gamma_policy=policy)
+
+
+def _check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
+    """Refuse up front what a transformers-adapter model cannot do (before any request runs)."""
+    if not spec.enabled:
+        return
+    if spec.drafter == "early_exit" and isinstance(pair.target, HFModel):
+        raise CheckpointError(f"self-speculation (early exit) needs the native backend; the target "
+                              f"{pair.target.name!r} is loaded through transformers")
+    if spec.method == "tree" and isinstance(pair.target, HFModel):
+        pair.target.check_trees()
+    dynamic_tree = spec.method == "tree" and spec.drafter == "model" and spec.tree_shape.dynamic
+    if dynamic_tree and isinstance(pair.draft, HFModel):
+        pair.draft.check_trees()  # dynamic trees feed whole levels through the draft with a tree mask
+
+
+def _model_type(path: Path) -> str | None:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{str(path)!r} has no config.json; is it an HF checkpoint directory?")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON ({err}); re-export the checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is not a JSON object; re-export the checkpoint")
+    return config.get("model_type")
 
 
 def _checkpoint_dir(path: str | Path) -> Path:
