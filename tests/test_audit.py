@@ -1,0 +1,317 @@
+"""verispec audit: the statistics, every correct method passes, known-broken verifiers FAIL.
+
+The pair: a random 4-token target (2 layers) and a different random draft (1 layer), prompt
+[1, 2, 3, 0, 2], n = 3 tokens (the first comes from prefill, so n = 3 is the shortest continuation whose
+second token goes through a verifier). Sample sizes at which each broken variant FAILS (alpha 1e-3),
+checked over seeds 0-3 in development, while the correct code passes at the same N:
+
+    variant                                               setting                      FAILS at N
+    (a) chain: resample from p after a rejection          T 1, gamma 2                 BROKEN_SAMPLES
+    (b) draft samples with top-p, reports q without it    T 2, top-p 0.5, gamma 2      BROKEN_SAMPLES
+    (c) iid tree verifier skips duplicate siblings        T 0.7, tree s2_k4_d9 iid     BROKEN_SAMPLES
+
+Correct methods run at CORRECT_SAMPLES to keep CI fast; the whole file takes about a minute on one core.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import verispec.drafters.draft_model as draft_model_module
+import verispec.engine as engine_module
+from verispec.audit import (AuditConfig, binomial_mean_abs_deviation, chi_square_pvalue, goodness_of_fit,
+                            run_audit, sequence_probabilities)
+from verispec.cli import main
+from verispec.config import SamplingParams, SpecConfig
+from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
+from verispec.engine import SpecEngine
+from verispec.errors import VerispecError
+from verispec.models.llama import load_checkpoint
+from verispec.sampling import draw_draft, logits_to_probs, sample, sample_batch
+from verispec.testing import make_byte_tokenizer, make_checkpoint
+from verispec.verify.chain import ChainResult, verify_chain
+from verispec.verify.tree import TreeResult, verify_tree
+
+VOCAB, TOKENS = 4, 3
+PROMPT = [1, 2, 3, 0, 2]
+CORRECT_SAMPLES, BROKEN_SAMPLES = 250, 1000
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit")
+    target = make_checkpoint(root / "target", VOCAB, hidden=32, layers=2, seed=40, via_transformers=False)
+    draft = make_checkpoint(root / "draft", VOCAB, hidden=16, layers=1, heads=2, kv_heads=1, seed=41,
+                            via_transformers=False)
+    for path in (target, draft):
+        make_byte_tokenizer(path)  # the CLI loads a tokenizer; prompts are passed as --prompt-ids
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def pair(pair_dirs):
+    return tuple(load_checkpoint(path) for path in pair_dirs)
+
+
+def audit(engine, sampling, spec, samples, seed=0, tokens=TOKENS):
+    return run_audit(engine, [PROMPT], sampling, spec, AuditConfig(tokens=tokens, samples=samples, seed=seed))
+
+
+# ---- statistics --------------------------------------------------------------------------------------
+
+
+def test_worked_example_of_the_docstring():
+    fit = goodness_of_fit({"A": 45, "B": 38, "C": 17}, {"A": 0.5, "B": 0.3, "C": 0.2})
+    assert fit.tv == pytest.approx(0.08)
+    assert fit.chi_square == pytest.approx(3.0833, abs=1e-4) and fit.dof == 2
+    assert fit.p_value == pytest.approx(math.exp(-fit.chi_square / 2))
+    assert fit.noise_floor == pytest.approx(0.054, abs=5e-4)
+    assert fit.unseen_mass == 0 and fit.impossible == 0
+
+
+@pytest.mark.parametrize("statistic,dof", [(3.08, 2), (0.5, 1), (10.0, 3), (200.0, 150), (2500.0, 2000),
+                                           (1e4, 2000), (1e-3, 7), (40.0, 11)])
+def test_chi_square_pvalue_matches_scipy(statistic, dof):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    assert chi_square_pvalue(statistic, dof) == pytest.approx(scipy_stats.chi2.sf(statistic, dof), rel=1e-9, abs=1e-300)
+
+
+@pytest.mark.parametrize("n,p", [(100, 0.5), (1000, 0.003), (37, 0.9), (5, 0.01), (250, 0.2)])
+def test_binomial_mean_abs_deviation_matches_direct_sum(n, p):
+    direct = sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) * abs(k - n * p) for k in range(n + 1))
+    assert binomial_mean_abs_deviation(n, p) == pytest.approx(direct, rel=1e-9)
+
+
+def test_rare_cells_are_pooled_with_the_unseen_mass():
+    # Two big cells (expected 60, 30) and a rare seen one (p 0.001); unseen mass 0.099 -> rest expected 10.
+    fit = goodness_of_fit({"a": 60, "b": 30, "c": 1}, {"a": 0.6, "b": 0.3, "c": 0.001})
+    assert fit.samples == 91 and fit.dof == 2 and fit.unseen_mass == pytest.approx(0.099)
+    expected = [0.6 * 91, 0.3 * 91, 0.1 * 91]
+    observed = [60, 30, 1]
+    assert fit.chi_square == pytest.approx(sum((o - e) ** 2 / e for o, e in zip(observed, expected)))
+
+
+def test_a_sequence_the_target_cannot_produce_fails_outright():
+    fit = goodness_of_fit({"a": 99, "z": 1}, {"a": 1.0, "z": 0.0})
+    assert fit.p_value == 0.0 and fit.impossible == 1
+
+
+def test_sequence_probabilities_are_exact_and_sum_to_one(pair, monkeypatch):
+    target, _ = pair
+    sampling = SamplingParams(temperature=0.8, top_k=3, top_p=0.9, min_p=0.1)
+    sequences = [(a, b, c) for a in range(VOCAB) for b in range(VOCAB) for c in range(VOCAB)]
+    batched = sequence_probabilities(target, PROMPT, sequences, sampling)
+    assert sum(batched.values()) == pytest.approx(1.0, abs=1e-5)
+    monkeypatch.setattr("verispec.audit.LOGITS_PER_FORWARD", 1)  # one row per forward
+    assert sequence_probabilities(target, PROMPT, sequences, sampling) == pytest.approx(batched, abs=1e-6)
+    seq = (2, 1, 3)  # one sequence by hand, position by position
+    with torch.no_grad():
+        manual = math.prod(float(logits_to_probs(target.train_forward(torch.tensor([PROMPT + list(seq[:i])]))[0][0, -1],
+                                                 sampling)[seq[i]]) for i in range(3))
+    assert batched[seq] == pytest.approx(manual, abs=1e-6)
+
+
+# ---- correct methods pass ----------------------------------------------------------------------------
+
+T1 = SamplingParams(temperature=1.0)
+FILTERED = SamplingParams(temperature=0.8, top_k=3, top_p=0.9, min_p=0.1)
+CORRECT = {
+    "chain-t1": ("model", T1, SpecConfig(gamma=2)),
+    "chain-t2-p0.5": ("model", SamplingParams(temperature=2.0, top_p=0.5), SpecConfig(gamma=2)),
+    "chain-filtered": ("model", FILTERED, SpecConfig(gamma=4)),
+    "tree-iid": ("model", SamplingParams(temperature=0.7), SpecConfig(method="tree", tree="s2_k4_d9", sibling_mode="iid")),
+    "tree-without-replacement": ("model", T1, SpecConfig(method="tree", tree="s2_k3_d7", sibling_mode="without_replacement")),
+    "tree-deterministic": ("model", FILTERED, SpecConfig(method="tree", tree="s2_k2_d5")),
+    "self": ("self", SamplingParams(temperature=1.0, top_p=0.9), SpecConfig(gamma=2, drafter="early_exit", exit_layer=1)),
+    "ngram-chain": ("ngram", T1, SpecConfig(gamma=2, drafter="ngram")),
+    "ngram-tree": ("ngram", SamplingParams(temperature=0.9, min_p=0.1), SpecConfig(method="tree", tree="s2_k2_d4", drafter="ngram")),
+}
+
+
+def make_engine(pair, drafter: str) -> SpecEngine:
+    target, draft = pair
+    drafters = {"model": lambda: DraftModelDrafter(draft), "self": lambda: EarlyExitDrafter(target, 1),
+                "ngram": lambda: NgramDrafter()}
+    return SpecEngine(target, drafters[drafter]())
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_method_passes(pair, name):
+    drafter, sampling, spec = CORRECT[name]
+    report = audit(make_engine(pair, drafter), sampling, spec, CORRECT_SAMPLES)
+    item = report.prompts[0]
+    assert item.drafted > 0 and not report.notes, "the verifier must actually have been exercised"
+    assert report.verdict == "pass", (report.p_value, report.tv, report.noise_floor)
+    assert report.tv < 2 * report.noise_floor
+
+
+def test_greedy_passes_trivially(pair):
+    report = audit(make_engine(pair, "model"), SamplingParams(temperature=0.0), SpecConfig(gamma=2), 50)
+    assert report.passed and report.prompts[0].fit.distinct == 1 and report.tv == pytest.approx(0, abs=1e-6)
+
+
+# ---- known-broken verifiers fail ---------------------------------------------------------------------
+
+
+def resample_from_target_after_rejection(draft_tokens, draft_probs, target_probs, generator=None, **_):
+    """(a) Known-wrong: on rejection draw from p instead of norm(max(0, p - q))."""
+    correct = verify_chain(draft_tokens=draft_tokens, draft_probs=draft_probs, target_probs=target_probs,
+                           generator=generator)
+    if correct.last_kind == "bonus":
+        return correct
+    at = correct.num_accepted
+    token = int(sample_batch(target_probs[at][None], torch.rand(1, generator=generator, dtype=torch.float64))[0])
+    return ChainResult(correct.tokens[:-1] + [token], at, "recovered")
+
+
+def report_q_without_top_p(monkeypatch) -> None:
+    """(b) Known-wrong: the draft model samples from its top-p filtered q but hands the verifier its q
+    before top-p (top-p reached the target's p and the draft's sampler, not the reported q)."""
+
+    def draw_with_top_p_report_without(logits, sampling, generator):
+        token, _ = draw_draft(logits, sampling, generator)
+        return token, logits_to_probs(logits, replace(sampling, top_p=1.0))
+
+    monkeypatch.setattr(draft_model_module, "draw_draft", draw_with_top_p_report_without)
+
+
+def verify_tree_skipping_duplicates(tree, target_probs, mode, generator=None, **_):
+    """(c) Known-wrong in iid mode: a sibling whose token was already rejected is skipped, so the
+    residual is not updated again (DESIGN.md: duplicates are separate nodes; never skip them)."""
+    if mode != "iid":
+        return verify_tree(tree, target_probs, mode, generator=generator)
+    uniforms = torch.rand(len(tree.parents) - 1, generator=generator, dtype=torch.float64)
+    final_uniform = torch.rand((), generator=generator, dtype=torch.float64).item()
+    children, node, accepted = tree.children(), 0, []
+    while children[node]:
+        p, q = target_probs[node].double(), tree.draft_probs[node].double()
+        tried, chosen = set(), None
+        for child in children[node]:
+            token = tree.tokens[child]
+            if token in tried:
+                continue  # the bug
+            tried.add(token)
+            if float(uniforms[child - 1]) * q[token] < p[token]:
+                chosen = child
+                break
+            residual = (p - q).clamp(min=0)
+            p = residual / residual.sum() if residual.sum() > 0 else p
+        if chosen is None:
+            return TreeResult([tree.tokens[n] for n in accepted] + [sample(p, final_uniform)], accepted, "recovered")
+        accepted.append(chosen)
+        node = chosen
+    bonus = sample(target_probs[node].double(), final_uniform)
+    return TreeResult([tree.tokens[n] for n in accepted] + [bonus], accepted, "bonus")
+
+
+def break_chain_resampling(monkeypatch):
+    monkeypatch.setattr(engine_module, "verify_chain", resample_from_target_after_rejection)
+
+
+def break_tree_duplicates(monkeypatch):
+    monkeypatch.setattr(engine_module, "verify_tree", verify_tree_skipping_duplicates)
+
+
+BROKEN = {
+    "a-resample-from-p": (break_chain_resampling, "chain-t1"),
+    "b-q-without-top-p": (report_q_without_top_p, "chain-t2-p0.5"),
+    "c-tree-skips-duplicates": (break_tree_duplicates, "tree-iid"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_variant_fails(pair, monkeypatch, name):
+    breaker, setting = BROKEN[name]
+    drafter, sampling, spec = CORRECT[setting]
+    breaker(monkeypatch)
+    report = audit(make_engine(pair, drafter), sampling, spec, BROKEN_SAMPLES)
+    assert report.verdict == "FAIL", (report.p_value, report.tv, report.noise_floor)
+    assert report.tv > report.noise_floor
+
+
+# ---- reproducibility and notes -----------------------------------------------------------------------
+
+
+def test_seeded_runs_reproduce_exactly(pair):
+    engine = make_engine(pair, "model")
+    first, again = (audit(engine, T1, SpecConfig(gamma=2), 60, seed=7) for _ in range(2))
+    assert first.as_dict() == again.as_dict()
+    assert audit(engine, T1, SpecConfig(gamma=2), 60, seed=8).as_dict() != first.as_dict()
+
+
+def test_a_continuation_too_short_to_draft_gets_a_note(pair):
+    report = audit(make_engine(pair, "model"), T1, SpecConfig(gamma=2), 50, tokens=2)
+    assert report.prompts[0].drafted == 0 and "no draft was verified" in report.notes[0]
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused(pair):
+    with pytest.raises(VerispecError, match="0..3"):
+        run_audit(make_engine(pair, "model"), [[1, 9]], T1, SpecConfig(), AuditConfig(samples=50))
+
+
+# ---- command line ------------------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json(capsys, pair_dirs):
+    target, draft = pair_dirs
+    code, out, _ = run_cli(capsys, "audit", "--target", str(target), "--draft", str(draft), "--prompt-ids",
+                           "1,2,3,0,2", "--prompt-ids", "3,1", "--tokens", "3", "--samples", "60", "--gamma", "2",
+                           "--seed", "5", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["verdict"] == "pass"
+    for key in ("tv", "p_value", "noise_floor", "samples", "tokens", "config", "prompts"):
+        assert key in data
+    assert data["samples"] == 60 and data["tokens"] == 3 and len(data["prompts"]) == 2
+    assert data["config"]["sampling"]["temperature"] == 1.0  # audit samples by default
+    assert data["config"]["spec"]["gamma"] == 2
+    assert data["prompts"][0]["prompt_ids"] == [1, 2, 3, 0, 2]
+
+
+def test_cli_exit_status_1_on_fail(capsys, pair_dirs, monkeypatch):
+    def accept_everything(draft_tokens, draft_probs, target_probs, generator=None, **_):
+        bonus = int(sample_batch(target_probs[-1][None], torch.rand(1, generator=generator, dtype=torch.float64))[0])
+        return ChainResult(draft_tokens.tolist() + [bonus], len(draft_tokens), "bonus")
+
+    monkeypatch.setattr(engine_module, "verify_chain", accept_everything)
+    target, draft = pair_dirs
+    code, out, _ = run_cli(capsys, "audit", "--target", str(target), "--draft", str(draft), "--prompt-ids",
+                           "1,2,3,0,2", "--tokens", "3", "--samples", "200", "--gamma", "2")
+    assert code == 1 and out.strip().splitlines()[-1].startswith("verdict: FAIL")
+
+
+def test_cli_text_prompts_and_human_output(capsys, tmp_path):
+    target = tmp_path / "byte_target"
+    vocab = make_byte_tokenizer(target)
+    make_checkpoint(target, vocab, hidden=32, layers=2, seed=3, via_transformers=False)
+    code, out, _ = run_cli(capsys, "audit", "--target", str(target), "--method", "self", "--exit-layer", "1",
+                           "--prompt", "abab", "--tokens", "3", "--samples", "50", "--top-k", "3")
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    assert "TV" in lines[1] and "'abab'" in lines[2] and lines[-1].startswith("verdict: pass")
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tokens", "0"], "--tokens must be in 1..8"),
+    (["--tokens", "9"], "--tokens must be in 1..8"),
+    (["--samples", "49"], "--samples must be >= 50"),
+    (["--alpha", "1.5"], "--alpha must be in (0, 1)"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--prompt-ids", "1,x"], "--prompt-ids must be comma-separated"),
+    (["--prompt-ids", "1,99"], "prompt token ids must be in 0..3"),
+])
+def test_cli_bad_input_exits_2_with_one_line(capsys, pair_dirs, extra, message):
+    target, draft = pair_dirs
+    code, out, err = run_cli(capsys, "audit", "--target", str(target), "--draft", str(draft), *extra)
+    assert code == 2 and out == ""
+    assert err.startswith("verispec: error: ") and message in err and err.count("\n") == 1

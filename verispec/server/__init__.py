@@ -1,0 +1,13 @@
+"""OpenAI-compatible server over the batched speculative engine (``verispec serve``).
+
+- ``app.py``        FastAPI app: routes, error bodies, streaming, lifespan (``create_app``)
+- ``scheduler.py``  the engine thread: queue, admission, rounds, aborts, failure (``Scheduler``)
+- ``prepare.py``    OpenAI request body -> ``BatchRequest`` (tokenizing, chat template, EOS, checks)
+- ``schemas.py``    request models, error body, response and chunk builders
+- ``text.py``       token ids -> text, with streamed deltas that never need taking back
+- ``metrics.py``    Prometheus metrics named like vLLM's
+- ``cli.py``        the ``serve`` subcommand
+
+FastAPI, uvicorn and prometheus-client come with the ``server`` extra; nothing here is imported by
+the rest of the package.
+"""

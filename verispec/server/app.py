@@ -1,0 +1,309 @@
+"""The FastAPI app: OpenAI routes, health, metrics, error bodies, and the lifespan that runs the scheduler.
+
+    pair = load_pair(target_dir, draft_dir)
+    app = create_app(pair, SpecConfig(gamma=4), ServerConfig(max_batch=16))
+    GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=8000)).run()
+
+Routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE chunks ending ``data: [DONE]``
+with ``stream: true``), GET /v1/models, /health (503 once the engine failed or while shutting down)
+and /metrics (Prometheus). Every error is OpenAI's body ``{"error": {message, type, param, code}}``:
+400 for a bad request (including malformed JSON, instead of FastAPI's 422), 429 + Retry-After when the
+queue is full, 500 when the engine failed mid-request, 503 when it cannot take requests, 504 when a
+request ran past ``--timeout``.
+
+A request whose client goes away is aborted in the engine (non-streamed: polled with
+``is_disconnected``; streamed: the response generator is cancelled), as is one past its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from verispec.adaptive import AdaptiveGamma
+from verispec.batch import BatchEngine, BatchEvent
+from verispec.config import SpecConfig
+from verispec.errors import VerispecError
+from verispec.loading import DEFAULT_TARGET, ModelPair
+from verispec.models.llama import LlamaForCausalLM
+from verispec.server import schemas
+from verispec.server.metrics import ServerMetrics
+from verispec.server.prepare import Prepared, RequestBuilder
+from verispec.server.scheduler import EngineFailed, Handle, QueueFull, Scheduler, ServerConfig, Unavailable
+from verispec.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest
+from verispec.server.text import StreamText, final_text
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, with the scheduler's shutdown first: stop taking requests, give in-flight ones
+    ``shutdown_s`` to finish, abort the rest (they get a 503 body or an error chunk, never a cut
+    connection), join the engine thread; only then does uvicorn close connections.
+
+        GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=8000)).run()
+    """
+
+    async def shutdown(self, sockets=None) -> None:
+        await asyncio.to_thread(self.config.app.state.scheduler.shutdown)
+        await super().shutdown(sockets)
+
+
+def default_model_name(pair: ModelPair) -> str:
+    return "verispec-default" if pair.target_dir.resolve() == DEFAULT_TARGET.resolve() else pair.target_dir.name
+
+
+def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool) -> BatchEngine:
+    if adaptive and not spec.enabled:
+        raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
+    if not all(isinstance(m, LlamaForCausalLM) for m in (pair.target, pair.draft) if m is not None):
+        raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
+                            "transformers adapter (--backend hf, other architectures) runs in verispec generate")
+    decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
+    return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
+                       decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
+                       gamma_policy=AdaptiveGamma(max_gamma=spec.gamma) if adaptive else None)
+
+
+def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
+               adaptive: bool = False, model_name: str | None = None) -> FastAPI:
+    model_name = model_name or default_model_name(pair)
+    engine = build_batch_engine(pair, spec, config, adaptive)
+    metrics = ServerMetrics(model_name)
+    scheduler = Scheduler(engine, config, metrics)
+    builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)
+    service = _Service(scheduler, builder, metrics, pair.tokenizer, model_name, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.shutdown)  # a worker thread: handlers still finishing need the loop
+
+    app = FastAPI(title="verispec", summary="OpenAI-compatible server with lossless speculative decoding",
+                  lifespan=lifespan)
+    app.state.scheduler, app.state.metrics, app.state.model_name = scheduler, metrics, model_name
+    _add_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await service.serve(builder.completion(body), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await service.serve(builder.chat(body), request)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": service.started,
+                                            "owned_by": "verispec", "root": str(pair.target_dir),
+                                            "max_model_len": engine.max_len}]}
+
+    @app.get("/health")
+    async def health():
+        if scheduler.accepting:
+            return {"status": "ok"}
+        if not scheduler.healthy:
+            error = scheduler.error
+            detail = f"{type(error).__name__}: {error}" if error else "the engine thread is not running"
+            return JSONResponse({"status": "unhealthy", "error": detail}, status_code=503)
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.exposition(), media_type=metrics.content_type)
+
+    return app
+
+
+class _Service:
+    """Submits prepared requests and turns their events into OpenAI responses."""
+
+    def __init__(self, scheduler: Scheduler, builder: RequestBuilder, metrics: ServerMetrics, tokenizer,
+                 model_name: str, config: ServerConfig):
+        self.scheduler, self.builder, self.metrics = scheduler, builder, metrics
+        self.tokenizer, self.model_name, self.config = tokenizer, model_name, config
+        self.started = int(time.time())
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def serve(self, prepared: Prepared, request: Request):
+        handle = self._submit(prepared)
+        waiter = _Waiter(self.scheduler, handle, request, self.config.timeout_s)
+        try:
+            first = await waiter.next()
+        except BaseException:
+            waiter.close()
+            raise
+        if prepared.stream:
+            waiter.watch_disconnect = False  # the streaming response is cancelled on disconnect instead
+            return _EventStream(self._sse(prepared, waiter, first), on_exit=waiter.close)
+        try:
+            tokens, event = list(first.tokens), first
+            while not event.finished:
+                event = await waiter.next()
+                tokens += event.tokens
+        finally:
+            waiter.close()
+        request_id, model = prepared.request.request_id, self.model_name
+        text = final_text(self.decode(tokens), event.stop_text_index)
+        usage = schemas.usage(len(prepared.request.prompt_ids), len(tokens))
+        build = schemas.chat_response if prepared.chat else schemas.completion_response
+        return build(request_id, model, text, event.finish_reason, usage, self._stats(prepared, event))
+
+    def _submit(self, prepared: Prepared) -> Handle:
+        try:
+            return self.scheduler.submit(prepared.request, asyncio.get_running_loop())
+        except QueueFull as err:
+            self.metrics.on_rejected("queue_full")
+            raise ApiError(429, f"the server is busy: {err}", type="rate_limit_exceeded", code="queue_full",
+                           headers={"Retry-After": str(self.config.retry_after_s)}) from None
+        except Unavailable as err:
+            self.metrics.on_rejected("unavailable")
+            raise ApiError(503, str(err), type="server_error", code="unavailable") from None
+
+    async def _sse(self, prepared: Prepared, waiter: "_Waiter", event: BatchEvent):
+        request_id, model, chat = prepared.request.request_id, self.model_name, prepared.chat
+        text = StreamText(self.decode, prepared.request.stop.stop_strings)
+
+        def chunk(delta: str, finish_reason: str | None = None, stats: dict | None = None) -> str:
+            if chat:
+                body = schemas.chat_chunk(request_id, model, {"content": delta} if delta or not finish_reason else {},
+                                          finish_reason, stats)
+            else:
+                body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats)
+            return _sse_data(body)
+
+        tokens = 0
+        try:
+            if chat:
+                yield _sse_data(schemas.chat_chunk(request_id, model, {"role": "assistant", "content": ""}))
+            while True:
+                tokens += len(event.tokens)
+                if event.finished:
+                    delta = text.finish(event.tokens, event.stop_text_index)
+                    yield chunk(delta, event.finish_reason, self._stats(prepared, event))
+                    if prepared.include_usage:
+                        usage = schemas.usage(len(prepared.request.prompt_ids), tokens)
+                        yield _sse_data(schemas.usage_chunk(request_id, model, chat, usage))
+                    break
+                delta = text.add(event.tokens)
+                if delta:
+                    yield chunk(delta)
+                event = await waiter.next()
+        except ApiError as err:  # headers are sent: report in the stream, as OpenAI and vLLM do
+            yield _sse_data(err.body())
+        finally:
+            waiter.close()
+        yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _stats(prepared: Prepared, event: BatchEvent) -> dict | None:
+        if not prepared.return_spec_stats or event.stats is None:
+            return None
+        return event.stats.summary()
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that runs ``on_exit`` however it ends: finished, client gone (Starlette cancels the
+    response), or cancelled before the body generator even started (its ``finally`` would not run)."""
+
+    def __init__(self, content, on_exit):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_exit = on_exit
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_exit()
+
+
+class _Waiter:
+    """Awaits one request's events; turns deadlines, engine failures and aborts into ApiErrors and
+    aborts the request in the engine if its consumer stops early (``close``)."""
+
+    def __init__(self, scheduler: Scheduler, handle: Handle, request: Request, timeout_s: float):
+        self.scheduler, self.handle, self.request, self.timeout_s = scheduler, handle, request, timeout_s
+        self.deadline = asyncio.get_running_loop().time() + timeout_s
+        self.watch_disconnect = True
+        self.next_check = 0.0  # loop time of the next disconnect check
+        self.done = False
+
+    async def next(self) -> BatchEvent:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if now >= self.deadline:
+                self._abort("timeout")
+                raise ApiError(504, f"the request did not finish within {self.timeout_s:g} s (--timeout) and was "
+                                    "aborted", type="timeout", code="timeout")
+            if self.watch_disconnect and now >= self.next_check:
+                self.next_check = now + DISCONNECT_POLL_S
+                if await self.request.is_disconnected():
+                    self._abort("abort")
+                    raise ApiError(499, "the client disconnected", type="client_closed_request")
+            item = await self.handle.next(min(self.deadline - now, DISCONNECT_POLL_S))
+            if item is None:
+                continue
+            if isinstance(item, EngineFailed):
+                self.done = True
+                raise ApiError(500, str(item), type="server_error", code="engine_error")
+            if item.finished:
+                self.done = True
+                if item.finish_reason == "abort":
+                    raise ApiError(503, "the request was aborted because the server is shutting down",
+                                   type="server_error", code="shutting_down")
+            return item
+
+    def close(self) -> None:
+        """Abort the request if it has not finished (the consumer is gone); idempotent."""
+        self._abort("abort")
+
+    def _abort(self, reason: str) -> None:
+        if not self.done:
+            self.done = True
+            self.scheduler.abort(self.handle.request_id, reason)
+
+
+def _sse_data(body: dict) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, err: RequestValidationError):
+        errors = err.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            detail = first.get("ctx", {}).get("error", "")
+            return JSONResponse(schemas.error_body(f"the request body is not valid JSON ({detail})"), status_code=400)
+        fields = [".".join(str(part) for part in e.get("loc", ()) if part != "body") for e in errors]
+        messages = [f"{field}: {e.get('msg')}" if field else f"the request body: {e.get('msg')}"
+                    for field, e in zip(fields, errors)]
+        param = next((str(e["loc"][1]) for e in errors if len(e.get("loc", ())) > 1), None)
+        return JSONResponse(schemas.error_body("; ".join(dict.fromkeys(messages[:3])), param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return JSONResponse(schemas.error_body(str(err.detail), type=kind), status_code=err.status_code,
+                            headers=getattr(err, "headers", None))

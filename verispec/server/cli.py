@@ -1,0 +1,93 @@
+"""``verispec serve``: load the pair, build the app, run uvicorn.
+
+    verispec serve --target DIR --draft DIR --gamma 4 --max-batch 16 --port 8000
+    verispec serve --method ngram --adaptive          # embedded target, drafts from the context
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from verispec.config import SpecConfig
+from verispec.errors import VerispecError
+from verispec.server.scheduler import ServerConfig
+
+METHODS = ("chain", "ngram", "none")
+
+
+def add_parser(commands) -> None:
+    defaults, spec = ServerConfig(), SpecConfig()
+    serve = commands.add_parser(
+        "serve", help="OpenAI-compatible HTTP server with batched speculative decoding",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Requests "
+                    "are batched continuously; each round drafts for every running request and verifies all "
+                    "of them in one target pass. With no --target/--draft the embedded default pair is used.")
+    from verispec.cli import add_model_options
+
+    add_model_options(serve)
+    serve.add_argument("--method", choices=METHODS, default="chain",
+                       help="chain: the draft model proposes --gamma tokens per round; ngram: continuations "
+                            "found earlier in the context (no draft model); none: plain decoding")
+    serve.add_argument("--gamma", type=int, default=spec.gamma,
+                       help=f"drafts per round; with --adaptive the most tried (default {spec.gamma})")
+    serve.add_argument("--adaptive", action="store_true",
+                       help="choose gamma per round from measured round times and acceptance for the current "
+                            "batch size, including 0 (speculation off) when the batch is large")
+    serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
+                       help=f"requests decoded together (default {defaults.max_batch})")
+    serve.add_argument("--max-queue", type=int, default=defaults.max_queue,
+                       help=f"requests that may wait for a batch row; more get HTTP 429 (default {defaults.max_queue})")
+    serve.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                       help=f"seconds a request may take before it is aborted with HTTP 504 (default "
+                            f"{defaults.timeout_s:g})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="model id clients send and /v1/models lists (default: the target directory's name, "
+                            "verispec-default for the embedded pair)")
+    serve.add_argument("--verbose", action="store_true", help="log requests and progress")
+    serve.set_defaults(run=run_serve)
+
+
+def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
+    if args.max_batch < 1:
+        raise VerispecError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_queue < 0:
+        raise VerispecError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not args.timeout > 0:
+        raise VerispecError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.method == "none":
+        if args.adaptive:
+            raise VerispecError("--adaptive chooses how many drafts to verify; it needs --method chain or ngram")
+        spec = SpecConfig(method="none")
+    else:
+        spec = SpecConfig(method="chain", gamma=args.gamma, drafter="ngram" if args.method == "ngram" else "model")
+    return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    spec, config = config_from_args(args)
+    try:
+        import uvicorn
+
+        from verispec.server.app import GracefulServer, create_app
+    except ImportError as err:
+        raise VerispecError(f"serving needs the 'server' extra ({err}); pip install 'verispec[server]'") from None
+    from verispec.loading import load_pair
+
+    needs_draft = spec.enabled and spec.drafter == "model"
+    if args.target is None and args.draft is not None:
+        raise VerispecError("--draft needs --target (or pass neither to use the embedded pair)")
+    if args.target is not None and needs_draft and args.draft is None:
+        raise VerispecError("--method chain needs --draft DIR next to --target (or use --method ngram / none)")
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
+                     backend=args.backend)
+    app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name)
+    log_level = "info" if args.verbose else "warning"
+    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
+                                           timeout_graceful_shutdown=int(config.shutdown_s) + 5))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, after the graceful shutdown
+        pass
+    return 0

@@ -1,0 +1,137 @@
+"""OpenAI request bodies -> ``BatchRequest`` for the engine, or an ``ApiError`` (HTTP 400) saying why not.
+
+    builder = RequestBuilder(pair.tokenizer, pair.target, "verispec-default", engine.check, engine.max_len)
+    prepared = builder.completion(CompletionRequest(prompt="Hello", max_tokens=8, temperature=0))
+    prepared.request.prompt_ids, prepared.request.stop.max_tokens      # [..], 8
+
+EOS: the tokenizer's and the target config's ids (``cli.eos_ids``); chat requests also stop at the
+chat template's end-of-message token ``<|end|>`` when the tokenizer has one.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from verispec.batch import BatchRequest
+from verispec.cli import eos_ids
+from verispec.config import SamplingParams, StopRules
+from verispec.errors import ContextError, VerispecError
+from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, ApiError,
+                                     ChatCompletionRequest, CompletionRequest, _Common)
+
+END_OF_MESSAGE = "<|end|>"
+SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts
+GREEDY_BELOW = 1e-5  # a positive temperature below this is greedy (vLLM's rule)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request: BatchRequest
+    chat: bool
+    stream: bool
+    include_usage: bool
+    return_spec_stats: bool
+
+
+class RequestBuilder:
+    def __init__(self, tokenizer, target, model_name: str, check: Callable[[BatchRequest], None], max_len: int):
+        self.tokenizer, self.model_name, self.check = tokenizer, model_name, check
+        self.vocab_size, self.max_len = target.config.vocab_size, max_len
+        eos = tuple(eos_ids(tokenizer, target))
+        end = tokenizer.get_vocab().get(END_OF_MESSAGE)
+        self.eos, self.chat_eos = eos, eos + ((end,) if end is not None and end not in eos else ())
+
+    def completion(self, body: CompletionRequest) -> Prepared:
+        self._common_checks(body)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt lists hold exactly one prompt here (got {len(prompt)}); send one "
+                                    "request per prompt", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = self._encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+            bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                               param="prompt")
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        return self._build(body, "cmpl", prompt_ids, max_tokens, self.eos, "prompt", chat=False)
+
+    def chat(self, body: ChatCompletionRequest) -> Prepared:
+        self._common_checks(body)
+        if not body.messages:
+            raise ApiError(400, "messages is empty; give at least one message", param="messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=False)
+        except Exception as err:  # no template, or the template refused these messages (jinja raises)
+            raise ApiError(400, f"cannot apply the model's chat template: {err}", param="messages") from None
+        prompt_ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        if max_tokens is None:  # as much as fits, up to a default
+            max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, self.max_len - len(prompt_ids)))
+        return self._build(body, "chatcmpl", prompt_ids, max_tokens, self.chat_eos, "messages", chat=True)
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except Exception as err:  # e.g. a lone surrogate that JSON escapes allow
+            raise ApiError(400, f"the prompt cannot be tokenized: {err}", param="prompt") from None
+
+    def _common_checks(self, body: _Common) -> None:
+        if body.model is not None and body.model != self.model_name:
+            raise ApiError(400, f"the model {body.model!r} does not exist; this server serves "
+                                f"{self.model_name!r} (see /v1/models)", param="model", code="model_not_found")
+        if body.n != 1:
+            raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        unsupported = body.unsupported()
+        if unsupported:
+            raise ApiError(400, f"{unsupported[0]} is not supported by this server; leave it unset",
+                           param=unsupported[0])
+        if body.seed is not None and not SEED_RANGE[0] <= body.seed < SEED_RANGE[1]:
+            raise ApiError(400, f"seed must be in [-2**63, 2**64), got {body.seed}", param="seed")
+
+    def _build(self, body: _Common, prefix: str, prompt_ids: list[int], max_tokens: int, eos: tuple[int, ...],
+               prompt_param: str, chat: bool) -> Prepared:
+        sampling = _sampling(body)
+        stop_strings = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if any(not s for s in stop_strings):
+            raise ApiError(400, "stop strings must not be empty", param="stop")
+        try:
+            stop = StopRules(max_tokens=max_tokens, eos_ids=eos, ignore_eos=body.ignore_eos,
+                             stop_strings=stop_strings)
+        except VerispecError as err:
+            raise ApiError(400, str(err), param="max_tokens") from None
+        seed = random.randrange(2**63) if body.seed is None else body.seed
+        request = BatchRequest(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, stop, seed=seed)
+        try:
+            self.check(request)
+        except ContextError as err:
+            raise ApiError(400, f"{err}; shorten the prompt or lower max_tokens", param="max_tokens",
+                           code="context_length_exceeded") from None
+        except VerispecError as err:
+            raise ApiError(400, str(err), param=prompt_param) from None
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return Prepared(request, chat, body.stream, include_usage, body.return_spec_stats)
+
+
+def _sampling(body: _Common) -> SamplingParams:
+    given = {name: getattr(body, name) for name in ("temperature", "top_k", "top_p", "min_p")
+             if getattr(body, name) is not None}
+    if 0 < given.get("temperature", 1.0) < GREEDY_BELOW:  # as vLLM: logits / 1e-300 would overflow to inf
+        given["temperature"] = 0.0
+    try:
+        return SamplingParams(**given)
+    except VerispecError as err:
+        message = str(err)
+        param = next((name for name in given if message.startswith(name)), None)
+        raise ApiError(400, message, param=param) from None
+

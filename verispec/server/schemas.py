@@ -1,0 +1,165 @@
+"""OpenAI request bodies, error bodies and response/chunk builders.
+
+Request models check types only; value ranges are checked once, by ``SamplingParams`` / ``StopRules`` /
+``BatchEngine.check``, and come back as HTTP 400 in OpenAI's error format:
+
+    {"error": {"message": "top_p must be in (0, 1] (1 = off), got 0.0", "type": "invalid_request_error",
+               "param": "top_p", "code": null}}
+
+Extensions beyond OpenAI's fields: ``top_k``, ``min_p``, ``ignore_eos`` (as in vLLM) and
+``return_spec_stats`` (adds the request's ``RequestStats.summary()`` as ``spec_stats``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CHAT_MAX_TOKENS = 128  # chat: at most this many, or what is left of the context
+
+
+class ApiError(Exception):
+    """An error response: ``status`` plus OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    return_spec_stats: bool = False
+    # Accepted for compatibility; anything but their neutral value is refused (see ``unsupported``).
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def unsupported(self) -> list[str]:
+        """Fields set to something this server does not do."""
+        bad = [name for name in ("presence_penalty", "frequency_penalty") if getattr(self, name)]
+        return bad + (["logit_bias"] if self.logit_bias else [])
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> list[str]:
+        extra = [name for name in ("logprobs", "echo", "suffix") if getattr(self, name)]
+        return super().unsupported() + extra + (["best_of"] if self.best_of not in (None, 1) else [])
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> list[str]:
+        extra = [name for name in ("logprobs", "top_logprobs", "tools") if getattr(self, name)]
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            extra.append("response_format")
+        return super().unsupported() + extra
+
+
+# ---- responses ------------------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
+                        spec_stats: dict | None) -> dict:
+    body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage_}
+    return _with_stats(body, spec_stats)
+
+
+def chat_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
+                  spec_stats: dict | None) -> dict:
+    body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish_reason}],
+            "usage": usage_}
+    return _with_stats(body, spec_stats)
+
+
+def completion_chunk(request_id: str, model: str, text: str, finish_reason: str | None = None,
+                     spec_stats: dict | None = None) -> dict:
+    body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+    return _with_stats(body, spec_stats)
+
+
+def chat_chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
+               spec_stats: dict | None = None) -> dict:
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    return _with_stats(body, spec_stats)
+
+
+def usage_chunk(request_id: str, model: str, chat: bool, usage_: dict) -> dict:
+    """The last chunk when ``stream_options.include_usage``: no choices, only usage."""
+    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [], "usage": usage_}
+
+
+def _with_stats(body: dict, spec_stats: dict | None) -> dict:
+    if spec_stats is not None:
+        body["spec_stats"] = spec_stats
+    return body
