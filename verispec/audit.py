@@ -354,7 +354,7 @@ def add_parser(commands) -> None:
 
 def run_command(args) -> int:
     from verispec import cli
-    from verispec.loading import build_engine, load_pair
+    from verispec.loading import build_engine, encode_prompt, load_pair
 
     default_samples = THOROUGH_SAMPLES if args.thorough else DEFAULT_SAMPLES
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
@@ -371,7 +371,7 @@ def run_command(args) -> int:
     texts = list(args.prompt)
     if not texts and not id_prompts:
         texts = list(BUILTIN_PROMPTS if args.thorough else BUILTIN_PROMPTS[:1])
-    prompts = [cli.encode_prompt(pair.tokenizer, text, chat=False) for text in texts] + id_prompts
+    prompts = [encode_prompt(pair.tokenizer, text, chat=False) for text in texts] + id_prompts
     labels = texts + [None] * len(id_prompts)
     report = run_audit(build_engine(pair, spec), prompts, sampling, spec, config, progress=True,
                        prompt_texts=labels)

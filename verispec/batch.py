@@ -101,6 +101,9 @@ class BatchEngine:
         """Raise a user error if the request can never run (before queueing it)."""
         if not request.prompt_ids:
             raise VerispecError("the prompt is empty; give at least one token")
+        vocab = self.target.config.vocab_size
+        if any(not 0 <= token < vocab for token in request.prompt_ids):
+            raise VerispecError(f"prompt token ids must be in [0, {vocab}); got an id outside it")
         needed = len(request.prompt_ids) + request.stop.max_tokens
         if needed > self.max_len:
             raise ContextError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.stop.max_tokens}) "
@@ -115,7 +118,7 @@ class BatchEngine:
         row = len(self.rows)
         self.cache.set_length(row, 0)
         view = self.cache.row_view(row)
-        logits = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True)[0, -1]
+        logits = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True)[0, -1].cpu()
         view.commit(0, len(request.prompt_ids))
         self.cache.sync_row(row, view)
         sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
@@ -195,7 +198,7 @@ class BatchEngine:
         unseen = [s.context[len(s.draft_seen):] for s in self.rows]
         width = max(len(u) for u in unseen)
         fed = torch.tensor([u + [u[-1]] * (width - len(u)) for u in unseen])  # pad at the end (never committed)
-        logits = self.draft.forward(fed, view)  # (B, width, V)
+        logits = self.draft.forward(fed, view).cpu()  # (B, width, V)
         last = logits[torch.arange(len(unseen)), torch.tensor([len(u) - 1 for u in unseen])]  # (B, V)
         for row, tokens in enumerate(unseen):
             view.commit(row, len(tokens))
@@ -204,7 +207,7 @@ class BatchEngine:
         probs: list[list[torch.Tensor]] = [[] for _ in self.rows]
         for step in range(most):
             if step:
-                last = self.draft.forward(torch.tensor([[d[-1]] for d in drafts]), view)[:, -1]
+                last = self.draft.forward(torch.tensor([[d[-1]] for d in drafts]), view)[:, -1].cpu()
                 for row, sequence in enumerate(self.rows):
                     view.commit(row, 1)
                     sequence.draft_seen.append(drafts[row][-1])
@@ -226,7 +229,7 @@ class BatchEngine:
         width = max(num_drafts) + 1
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
-        logits = self.target.forward(torch.tensor(rows), view)  # (B, width, V)
+        logits = self.target.forward(torch.tensor(rows), view).cpu()  # (B, width, V); verified on the CPU
         argmax = logits.argmax(-1).tolist()
         verdicts = []
         for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):

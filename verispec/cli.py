@@ -184,7 +184,7 @@ def sampling_from_args(args):
 
 def _run_generate(args) -> int:
     from verispec.config import StopRules
-    from verispec.loading import build_engine, load_pair
+    from verispec.loading import build_engine, encode_prompt, eos_ids, load_pair
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
@@ -210,21 +210,6 @@ def _run_generate(args) -> int:
     print()
     print(format_stats(summary, spec.enabled))
     return 0
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    if chat:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                  add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False))
-    return list(tokenizer.encode(prompt, add_special_tokens=False))
-
-
-def eos_ids(tokenizer, target) -> list[int]:
-    ids = set(target.config.eos_ids)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def format_stats(summary: dict, speculative: bool) -> str:

@@ -119,7 +119,7 @@ class Generation:
 
     def _prefill(self) -> int:
         began = time.perf_counter()
-        logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True)
+        logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True).cpu()
         self.cache.commit(0, len(self.context))
         token = sample_from(logits_to_probs(logits[0, -1], self.sampling), self.generator)
         self.stats.prefill_s = time.perf_counter() - began
@@ -162,7 +162,7 @@ class Generation:
             logits = self._resume_from_exit(proposal)
         else:
             fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
-            logits = self.engine.target.forward(fed, self.cache)[0]  # (K+1, V)
+            logits = self.engine.target.forward(fed, self.cache)[0].cpu()  # (K+1, V); verified on the CPU
         if self.sampling.greedy:
             verdict = verify_chain_greedy(proposal.tokens.tolist(), logits.argmax(-1).tolist())
         else:
@@ -181,20 +181,20 @@ class Generation:
         num_drafts, base = proposal.num_drafts, self.cache.lengths[0]
         cache.set_length(0, base + num_drafts)
         try:
-            last = target.run_layers(target.model.embed_tokens(proposal.tokens[None, -1:]), cache, 0,
+            last = target.run_layers(target.embed(proposal.tokens[None, -1:]), cache, 0,
                                      exit_layer, staged=num_drafts)  # (1, 1, H)
         finally:
             cache.set_length(0, base)
         hidden = torch.cat([proposal.exit_hidden, last], dim=1)  # (1, K+1, H)
         upper = target.run_layers(hidden, cache, exit_layer, target.config.num_hidden_layers)
-        return target.logits(upper)[0]
+        return target.logits(upper)[0].cpu()
 
     def _verify_tree(self, tree: TokenTree, record: RoundRecord) -> TreeResult:
         began = time.perf_counter()
         buffers = tree.compile()
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
         logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
-                                            depths=buffers.depths)[0]  # (N+1, V)
+                                            depths=buffers.depths)[0].cpu()  # (N+1, V)
         verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(tree),
                               generator=self.generator)
         record.verify_s = time.perf_counter() - began

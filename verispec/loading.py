@@ -179,3 +179,18 @@ def _checkpoint_dir(path: str | Path) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"{str(path)!r} is a file, not a checkpoint directory")
     return path
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    if chat:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    return list(tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def eos_ids(tokenizer, target) -> list[int]:
+    ids = set(target.config.eos_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

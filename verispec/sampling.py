@@ -24,7 +24,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    # Shift by the max before dividing: a tiny temperature then sends the others to -inf, never NaN.
+    probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / params.temperature, dim=-1)
     if params.top_k and params.top_k < probs.shape[-1]:
         kth = probs.topk(params.top_k, dim=-1).values[..., -1:]
         probs = _renormalise(probs * (probs >= kth))

@@ -112,7 +112,7 @@ class DraftModelDrafter:
                 node = pool[node][0]
         depths = torch.tensor([pool[n][3] - 1 for n in frontier])
         logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
-                                    tree_mask=mask, depths=depths, staged=len(staged))[0]
+                                    tree_mask=mask, depths=depths, staged=len(staged))[0].cpu()
         self.cache.commit(0, len(frontier))
         return list(torch.log_softmax(logits.float(), -1))
 
@@ -124,7 +124,7 @@ class DraftModelDrafter:
         return self._feed(context[len(self.seen):])
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
-        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True)[0, -1]
+        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True)[0, -1].cpu()
         self.cache.commit(0, len(tokens))
         self.seen.extend(tokens)
         return logits

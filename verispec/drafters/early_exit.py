@@ -53,11 +53,11 @@ class EarlyExitDrafter:
         fed, tokens, probs, exit_hidden = context[-1], [], [], []
         try:
             for _ in range(num_drafts):
-                hidden = model.run_layers(model.model.embed_tokens(torch.tensor([[fed]])), cache, 0,
+                hidden = model.run_layers(model.embed(torch.tensor([[fed]])), cache, 0,
                                           self.exit_layer)[0, -1]  # (H,)
                 cache.commit(0, 1)
                 exit_hidden.append(hidden)
-                fed, step_probs = draw_draft(model.logits(hidden), sampling, generator)
+                fed, step_probs = draw_draft(model.logits(hidden).cpu(), sampling, generator)
                 tokens.append(fed)
                 if step_probs is not None:
                     probs.append(step_probs)

@@ -230,6 +230,7 @@ class LlamaForCausalLM(nn.Module):
         (early-exit drafting).
         """
         stop = self.config.num_hidden_layers if num_layers is None else num_layers
+        tokens = tokens.to(self.lm_head.weight.device)  # callers build ids on the CPU
         hidden = self.run_layers(self.model.embed_tokens(tokens), cache, 0, stop, tree_mask, depths, staged)
         return self.logits(hidden[:, -1:] if last_only else hidden)
 
@@ -242,6 +243,10 @@ class LlamaForCausalLM(nn.Module):
         resumes at E with the drafting pass's exit hidden states."""
         batch, num_new, _ = x.shape
         cache.check_room(num_new)
+        if depths is not None:
+            depths = depths.to(x.device)
+        if tree_mask is not None:
+            tree_mask = tree_mask.to(x.device)
         bases = [length - staged for length in cache.lengths]
         if depths is None:
             depths = torch.arange(staged, staged + num_new, device=x.device)
@@ -252,6 +257,10 @@ class LlamaForCausalLM(nn.Module):
         for index in range(start, stop):
             x = self.model.layers[index](x, cos, sin, cache, index, mask, num_slots)
         return x
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T), on any device -> embeddings (B, T, H) on the model's device."""
+        return self.model.embed_tokens(tokens.to(self.lm_head.weight.device))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: (..., H) -> (..., V)."""

@@ -4,7 +4,7 @@
     prepared = builder.completion(CompletionRequest(prompt="Hello", max_tokens=8, temperature=0))
     prepared.request.prompt_ids, prepared.request.stop.max_tokens      # [..], 8
 
-EOS: the tokenizer's and the target config's ids (``cli.eos_ids``); chat requests also stop at the
+EOS: the tokenizer's and the target config's ids (``loading.eos_ids``); chat requests also stop at the
 chat template's end-of-message token ``<|end|>`` when the tokenizer has one.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verispec.batch import BatchRequest
-from verispec.cli import eos_ids
+from verispec.loading import eos_ids
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import ContextError, VerispecError
 from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, ApiError,
