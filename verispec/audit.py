@@ -32,8 +32,10 @@ Worked example (n = 1, three tokens, N = 100). Exact p = (A 0.5, B 0.3, C 0.2), 
     p-value     = exp(-X^2 / 2) (chi-square with 2 dof)                   = 0.214  -> pass
     noise floor = 1/2 (0.0398 + 0.0364 + 0.0318)  (E|c/N - p| per cell)   = 0.054
 
-so a TV of 0.08, 1.5 times the floor, is ordinary noise at N = 100. Broken verifiers shift a few percent of the mass; on a
-4-token vocabulary and n = 3 they fail at N = 1000-3000 (tests/test_audit.py documents each).
+so a TV of 0.08, 1.5 times the floor, is ordinary noise at N = 100. The known-broken verifiers in
+tests/test_audit.py (resampling from p after a rejection, a q that misses top-p, a tree verifier that
+skips duplicate siblings) put TV 0.05-0.09 above the floor on a 4-token pair at n = 3 and FAIL at
+N = 600-1200 (p < 1e-4); a bias much smaller than the noise floor needs proportionally more samples.
 
 What the audit can see. The engine samples the first token at prefill and drafts at most
 ``max_tokens - generated - 1`` tokens per round, so an n-token audit verifies at most n - 2 chain draft

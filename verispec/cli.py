@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(commands)
 
+    from verispec.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(commands)
+
     prof = commands.add_parser(
         "profile", help="measure draft, verify (vs positions and tree shape), state and decode costs",
         description="Measure on this machine what the planner needs and write a profile JSON; with "

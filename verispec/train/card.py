@@ -100,8 +100,21 @@ def render(measured: dict) -> str:
               "template.", "- code: the Python standard library's own source files (tests excluded).",
               "- math: **synthetic** arithmetic word problems with worked, checkable answers (no real set installs "
               "offline).", "- Split by document id (sha256 % 100 < 3 is held out); held-out math problems whose text "
-              "also occurs in train are dropped. Sizes: `python -m verispec.train.train tokenizer` writes "
-              "`runs/tokenizer/corpus_stats.json`.", ""]
+              "also occurs in train are dropped.", ""]
+    stats_file = Path("runs/tokenizer/corpus_stats.json")
+    if stats_file.is_file():
+        stats = json.loads(stats_file.read_text())
+        lines += ["Sizes (`verispec train tokenizer` writes `runs/tokenizer/corpus_stats.json`; tokens with the "
+                  f"shipped {stats['vocab_size']}-token tokenizer):", "",
+                  "| workload | train docs | train tokens | held-out docs | held-out tokens |", "|---|---|---|---|---|"]
+        for name, split in stats["workloads"].items():
+            lines.append(f"| {name}{' (synthetic)' if split['synthetic'] else ''} | {split['train']['documents']:,} | "
+                         f"{split['train']['tokens']:,} | {split['heldout']['documents']:,} | "
+                         f"{split['heldout']['tokens']:,} |")
+        from verispec.train.corpus import math_problems
+
+        lines += ["", f"Math held-out after dropping texts that also occur in train: {len(math_problems('heldout')):,} "
+                  "problems. Chat: " + ", ".join(f"{k} {v:,}" for k, v in stats["chat_filter"].items()) + ".", ""]
     for name, data, command in (("Target", target, "verispec train target --minutes 65"),
                                 ("Draft", draft, "verispec train draft --minutes 20")):
         if not data:
