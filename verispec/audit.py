@@ -333,9 +333,8 @@ def add_parser(commands) -> None:
                     "Unlike generate, audit samples at temperature 1 by default. See verispec/audit.py "
                     "for the statistics and a worked example.")
     cli.add_model_options(audit)
-    cli.add_sampling_options(audit)
+    cli.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
     cli.add_spec_options(audit)
-    audit.set_defaults(temperature=1.0)  # greedy output is deterministic: nothing to audit by default
     audit.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                        help="prompt text (repeatable); default: the first built-in prompt")
     audit.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",

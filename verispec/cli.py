@@ -172,8 +172,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                              "causal LM; hf: force the adapter (the peer baseline)")
 
 
-def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+def add_sampling_options(parser: argparse.ArgumentParser, temperature: float = 0.0) -> None:
+    parser.add_argument("--temperature", type=float, default=temperature,
+                        help=f"0 = greedy (default {temperature:g})")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (0 = off)")
