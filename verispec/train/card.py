@@ -116,7 +116,7 @@ def render(measured: dict) -> str:
         lines += ["", f"Math held-out after dropping texts that also occur in train: {len(math_problems('heldout')):,} "
                   "problems. Chat: " + ", ".join(f"{k} {v:,}" for k, v in stats["chat_filter"].items()) + ".", ""]
     for name, data, command in (("Target", target, "verispec train target --minutes 65"),
-                                ("Draft", draft, "verispec train draft --minutes 20")):
+                                ("Draft", draft, "verispec train draft --minutes 18")):
         if not data:
             continue
         training = data.get("training", {})
