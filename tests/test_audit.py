@@ -26,6 +26,7 @@ import torch
 
 import verispec.drafters.draft_model as draft_model_module
 import verispec.engine as engine_module
+from broken_verifiers import resample_from_target_after_rejection
 from verispec.audit import (AuditConfig, binomial_mean_abs_deviation, chi_square_pvalue, goodness_of_fit,
                             run_audit, sequence_probabilities)
 from verispec.cli import main
@@ -36,7 +37,7 @@ from verispec.errors import VerispecError
 from verispec.models.llama import load_checkpoint
 from verispec.sampling import draw_draft, logits_to_probs, sample, sample_batch
 from verispec.testing import make_byte_tokenizer, make_checkpoint
-from verispec.verify.chain import ChainResult, verify_chain
+from verispec.verify.chain import ChainResult
 from verispec.verify.tree import TreeResult, verify_tree
 
 VOCAB, TOKENS = 4, 3
@@ -158,17 +159,6 @@ def test_greedy_passes_trivially(pair):
 
 
 # ---- known-broken verifiers fail ---------------------------------------------------------------------
-
-
-def resample_from_target_after_rejection(draft_tokens, draft_probs, target_probs, generator=None, **_):
-    """(a) Known-wrong: on rejection draw from p instead of norm(max(0, p - q))."""
-    correct = verify_chain(draft_tokens=draft_tokens, draft_probs=draft_probs, target_probs=target_probs,
-                           generator=generator)
-    if correct.last_kind == "bonus":
-        return correct
-    at = correct.num_accepted
-    token = int(sample_batch(target_probs[at][None], torch.rand(1, generator=generator, dtype=torch.float64))[0])
-    return ChainResult(correct.tokens[:-1] + [token], at, "recovered")
 
 
 def report_q_without_top_p(monkeypatch) -> None:

@@ -19,13 +19,12 @@ import torch
 from scipy.stats import chisquare
 
 import verispec.engine as engine_module
+from broken_verifiers import resample_from_target_after_rejection
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter
 from verispec.engine import SpecEngine
 from verispec.models.llama import load_checkpoint
-from verispec.sampling import sample_batch
 from verispec.testing import make_checkpoint
-from verispec.verify.chain import ChainResult, verify_chain
 
 VOCAB, LENGTH, SAMPLES = 4, 4, 2000
 PROMPT = [1, 2, 3, 0, 2]
@@ -85,17 +84,6 @@ def test_spec_samples_follow_target(tiny_pair, sampling):
     counts = sample_sequences(target, draft, sampling)
     p_value, tv, bound = agreement(expected, counts)
     assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
-
-
-def resample_from_target_after_rejection(draft_tokens, draft_probs, target_probs, generator=None, **_):
-    """Known-wrong: on rejection draw from p instead of norm(max(0, p - q))."""
-    correct = verify_chain(draft_tokens=draft_tokens, draft_probs=draft_probs, target_probs=target_probs,
-                           generator=generator)
-    if correct.last_kind == "bonus":
-        return correct
-    at = correct.num_accepted
-    token = int(sample_batch(target_probs[at][None], torch.rand(1, generator=generator))[0])
-    return ChainResult(correct.tokens[:-1] + [token], at, "recovered")
 
 
 def test_broken_verifier_fails_the_same_test(tiny_pair, monkeypatch):

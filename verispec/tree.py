@@ -37,6 +37,7 @@ class TokenTree:
     # Draft distribution each node's children were drawn from (row i: after node i), when known.
     draft_probs: torch.Tensor | None = None  # (N+1, V)
     scores: list[float] = field(default_factory=list)  # cumulative draft log-prob per node (builders)
+    _buffers: TreeBuffers | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         assert len(self.parents) == len(self.tokens) and self.parents[0] == -1
@@ -55,6 +56,12 @@ class TokenTree:
         return kids
 
     def compile(self) -> TreeBuffers:
+        """The buffers, built on the first call and reused after (a tree is not edited once built)."""
+        if self._buffers is None:
+            self._buffers = self._build()
+        return self._buffers
+
+    def _build(self) -> TreeBuffers:
         size = len(self.parents)
         mask = torch.zeros(size, size, dtype=torch.bool)
         depths = torch.zeros(size, dtype=torch.long)
