@@ -241,7 +241,11 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
         for start in range(0, len(prefixes), rows):
             chunk = prefixes[start:start + rows]
             ids = torch.tensor([prompt_ids + list(prefix) for prefix in chunk], device=device)  # (B, width)
-            logits = target.forward(ids, target.new_cache(len(chunk), width))[:, len(prompt_ids) - 1:]  # (B, n, V)
+            if getattr(target, "batched_cache", True):
+                logits = target.forward(ids, target.new_cache(len(chunk), width))
+            else:  # one-sequence caches (compressed attention): score whole rows from position 0
+                logits = target.train_forward(ids)[0]
+            logits = logits[:, len(prompt_ids) - 1:]  # (B, n, V)
             probs = logits_to_probs(logits, sampling).double().cpu()  # (B, n, V)
             for row, prefix in enumerate(chunk):
                 head = math.prod(float(probs[row, i, token]) for i, token in enumerate(prefix))

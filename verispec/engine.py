@@ -24,7 +24,6 @@ from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal
 from verispec.errors import ContextError, VerispecError
-from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
@@ -42,7 +41,7 @@ class GenerationResult:
 
 
 class SpecEngine:
-    def __init__(self, target: LlamaForCausalLM, drafter: Drafter | None = None, decode: Decode | None = None,
+    def __init__(self, target, drafter: Drafter | None = None, decode: Decode | None = None,
                  gamma_policy=None):
         self.target = target
         self.drafter = drafter
@@ -205,11 +204,14 @@ class Generation:
     def _commit(self, verdict: ChainResult | TreeResult, record: RoundRecord) -> list[int]:
         began = time.perf_counter()
         # The fed last token and the accepted drafts now have valid KV; the new last token does not.
+        # Refresh: the target state keeps the accepted path only (compressed models also append its
+        # completed compressed rows from the verification scratch pads).
         if isinstance(verdict, TreeResult):  # keep only the accepted path: compact it after the prefix
             start = self.cache.lengths[0]
             self.cache.compact(0, [start + node for node in [0] + verdict.accepted_nodes])
         else:
             self.cache.commit(0, 1 + verdict.num_accepted)
+        record.refresh_s = time.perf_counter() - began
         kept = self._emit(verdict.tokens)
         if self.engine.drafter is not None and self.finish_reason is None:
             self.engine.drafter.commit(self.context)

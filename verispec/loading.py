@@ -5,7 +5,8 @@
 
 Llama-family checkpoints (Llama, Qwen2, Mistral) load into the native model; any other causal LM
 transformers knows (GPT-2, GPT-NeoX, OPT, ...) loads through the transformers adapter, which
-``backend="hf"`` also forces for a Llama checkpoint (the peer baseline).
+``backend="hf"`` also forces for a Llama checkpoint (the peer baseline). verispec's own
+compressed-attention checkpoints (model_type ``verispec_compressed``) load into ``models.compressed``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
+from verispec.models.compressed import MODEL_TYPE as COMPRESSED_TYPE
+from verispec.models.compressed import CompressedForCausalLM
+from verispec.models.compressed import load_checkpoint as load_compressed
 from verispec.models.hf import HFModel, load_hf_checkpoint
 from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
 
@@ -37,7 +41,7 @@ DEFAULT_DRAFT = DATA_DIR / "draft"
 Backend = Literal["auto", "native", "hf"]
 BACKENDS: tuple[str, ...] = ("auto", "native", "hf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-Model = Union[LlamaForCausalLM, HFModel]
+Model = Union[LlamaForCausalLM, CompressedForCausalLM, HFModel]
 
 
 @dataclass
@@ -67,8 +71,14 @@ def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto")
     if backend not in BACKENDS:
         raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     path, device = _checkpoint_dir(path), resolve_device(device)
+    model_type = _model_type(path)
+    if model_type == COMPRESSED_TYPE:  # our own architecture: only the native code can run it
+        if backend == "hf":
+            raise CheckpointError(f"{str(path)!r} is a verispec compressed-attention model; transformers "
+                                  "cannot load it, use --backend auto or native")
+        return load_compressed(path, device=device)
     if backend == "auto":
-        backend = "native" if _model_type(path) in ARCHITECTURES else "hf"
+        backend = "native" if model_type in ARCHITECTURES else "hf"
     if backend == "native":
         return load_checkpoint(path, device=device)
     return load_hf_checkpoint(path, device=device)
@@ -148,6 +158,13 @@ def _check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
     """Refuse up front what a transformers-adapter model cannot do (before any request runs)."""
     if not spec.enabled:
         return
+    if isinstance(pair.target, CompressedForCausalLM) and spec.drafter == "early_exit":
+        raise CheckpointError("self-speculation (early exit) is not implemented for the compressed-attention "
+                              "model; use --method chain or tree with a draft model, or --method ngram")
+    dynamic_draft = spec.method == "tree" and spec.drafter == "model" and spec.tree_shape.dynamic
+    if isinstance(pair.draft, CompressedForCausalLM) and dynamic_draft:
+        raise CheckpointError("dynamic trees feed tree levels through the draft, which a compressed-attention "
+                              "draft cannot do; use a static shape such as --tree s3_k2_d6")
     if spec.drafter == "early_exit" and isinstance(pair.target, HFModel):
         raise CheckpointError(f"self-speculation (early exit) needs the native backend; the target "
                               f"{pair.target.name!r} is loaded through transformers")

@@ -38,7 +38,8 @@ class RoundRecord:
     last_kind: Literal["recovered", "bonus", "cut"]
     draft_s: float = 0.0
     verify_s: float = 0.0
-    state_s: float = 0.0
+    state_s: float = 0.0  # committing: target state refresh + drafter rollback + stop rules
+    refresh_s: float = 0.0  # the target-state refresh alone (part of state_s)
     other_s: float = 0.0
     tree_nodes: int = 0  # verified nodes (trees); equals drafted for chains
 
@@ -104,6 +105,7 @@ class RequestStats:
             "draft_ms": 1e3 * sum(r.draft_s for r in self.rounds),
             "verify_ms": 1e3 * sum(r.verify_s for r in self.rounds),
             "state_ms": 1e3 * sum(r.state_s for r in self.rounds),
+            "refresh_ms": 1e3 * sum(r.refresh_s for r in self.rounds),
             "other_ms": 1e3 * sum(r.other_s for r in self.rounds),
         }
 

@@ -89,3 +89,20 @@ def make_random_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     make_checkpoint(target_dir, vocab, hidden=128, layers=4, seed=seed, via_transformers=False)
     make_checkpoint(draft_dir, vocab, hidden=64, layers=1, seed=seed + 1, via_transformers=False)
     return target_dir, draft_dir
+
+
+def make_compressed_checkpoint(directory: Path, vocab_size: int, hidden: int = 32, layers: int = 2,
+                               window: int = 5, block: int = 4, hca_block: int = 8, seed: int = 0,
+                               max_positions: int = 256) -> Path:
+    """Random tiny compressed-attention checkpoint (``models.compressed``), float32."""
+    from verispec.models.compressed import CompressedConfig, CompressedForCausalLM, save_checkpoint
+
+    torch.manual_seed(seed)
+    config = CompressedConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                              window=window, block=block, hca_block=hca_block, max_position_embeddings=max_positions,
+                              eos_token_id=0)
+    model = CompressedForCausalLM(config)
+    _spread_weights(model)
+    save_checkpoint(model, directory, dtype=torch.float32)
+    return directory

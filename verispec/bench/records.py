@@ -106,7 +106,7 @@ def record_from_stats(record: RequestRecord, stats: RequestStats) -> RequestReco
     record.histogram = stats.acceptance_histogram()
     record.time_split_s = {"prefill": stats.prefill_s, "draft": sum(r.draft_s for r in rounds),
                            "verify": sum(r.verify_s for r in rounds), "state": sum(r.state_s for r in rounds),
-                           "other": sum(r.other_s for r in rounds)}
+                           "refresh": sum(r.refresh_s for r in rounds), "other": sum(r.other_s for r in rounds)}
     return record
 
 
@@ -165,7 +165,7 @@ def acceptance(records: list[RequestRecord]) -> dict:
 
 
 def time_split(records: list[RequestRecord]) -> dict:
-    keys = ("prefill", "draft", "verify", "state", "other")
+    keys = ("prefill", "draft", "verify", "state", "refresh", "other")  # refresh is part of state
     totals = {k: 1e3 * sum(r.time_split_s.get(k, 0.0) for r in records) for k in keys}
     rounds = sum(r.rounds for r in records if r.time_split_s)
     per_round = {k: totals[k] / rounds if rounds else 0.0 for k in keys if k != "prefill"}

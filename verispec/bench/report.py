@@ -120,7 +120,7 @@ def _mode(section: dict, mode: str, images: dict[str, str]) -> list[Block]:
     if spec_rows:
         blocks.append(("h3", "Speculation: rounds, acceptance, time split"))
         blocks.append(("table", ["variant", "load", "committed/round", "acceptance rate", "verified draft nodes/round",
-                                 "conditional acceptance by position", "ms/round draft/verify/state/other"],
+                                 "conditional acceptance by position", "ms/round draft/verify/state/refresh/other (refresh is within state)"],
                        [[r["variant"], r["load"], fmt(r["acceptance"]["committed_per_round"]),
                          fmt(r["acceptance"]["acceptance_rate"], 3), fmt(r["acceptance"]["tree_nodes_per_round"]),
                          " ".join(f"{a:.2f}" for a in r["acceptance"]["per_position_conditional"]) or "–",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verispec.models.compressed import CompressedConfig
 from verispec.models.llama import LlamaConfig
 from verispec.train.token_stream import DEFAULT_MIX
 
@@ -21,6 +22,7 @@ VOCAB_SIZE = 8192
 TOKENIZER_DIR = "verispec/data/tokenizer"
 TARGET_DIR = "verispec/data/target"
 DRAFT_DIR = "verispec/data/draft"
+COMPRESSED_DIR = "runs/compressed/model"  # not shipped: trained on demand for issue-6 figures
 
 
 def target_model_config() -> LlamaConfig:
@@ -101,4 +103,23 @@ class DraftRecipe:
     eval: EvalConfig = EvalConfig()
     mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
     ce_weight: float = 0.2
+    init_std: float = 0.02
+
+
+def compressed_model_config() -> CompressedConfig:
+    """~6.5M parameters: 4 layers, hidden 256; raw window 32, CSA blocks of 4, HCA blocks of 64."""
+    return CompressedConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, window=32, block=4, hca_block=64,
+        max_position_embeddings=1024, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
+
+
+@dataclass(frozen=True)
+class CompressedRecipe:
+    """Plain next-token cross-entropy on the default mix; the embedded draft (same tokenizer) drafts for it."""
+
+    model: CompressedConfig = field(default_factory=compressed_model_config)
+    optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=20, seed=2)
+    eval: EvalConfig = EvalConfig(windows_per_workload=24)
+    mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
     init_std: float = 0.02

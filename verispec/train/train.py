@@ -3,6 +3,7 @@
     $ python -m verispec.train.train tokenizer                       # -> verispec/data/tokenizer
     $ python -m verispec.train.train target --minutes 75             # -> verispec/data/target, runs/target
     $ python -m verispec.train.train draft --minutes 30              # -> verispec/data/draft, runs/draft
+    $ python -m verispec.train.train compressed --minutes 10         # -> runs/compressed/model (not shipped)
 
 Order matters: the target needs the tokenizer, the draft needs a trained target. Each run writes a
 train.log and metrics.json into its run dir.
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.train.recipes import DRAFT_DIR, TARGET_DIR, TOKENIZER_DIR, DraftRecipe, TargetRecipe
+from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, TARGET_DIR, TOKENIZER_DIR, CompressedRecipe,
+                                    DraftRecipe, TargetRecipe)
 
 logger = logging.getLogger(__name__)
 DEFAULT_THREADS = 2
@@ -46,7 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--out", default=DRAFT_DIR)
     draft.add_argument("--run-dir", default="runs/draft")
 
-    for command in (tokenizer, target, draft):
+    compressed = commands.add_parser("compressed", help="train a compressed-attention target (issue-6 figures)")
+    compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
+    compressed.add_argument("--tokenizer", default=TOKENIZER_DIR)
+    compressed.add_argument("--draft", default=DRAFT_DIR, help="draft to evaluate against it (same tokenizer)")
+    compressed.add_argument("--out", default=COMPRESSED_DIR)
+    compressed.add_argument("--run-dir", default="runs/compressed")
+
+    for command in (tokenizer, target, draft, compressed):
         command.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
     return parser
 
@@ -93,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)
             return 2
         train_draft(DraftRecipe(), args.minutes, args.target, args.out, args.run_dir)
+    elif args.command == "compressed":
+        from verispec.train.compressed import train_compressed
+
+        _log_to(args.run_dir)
+        draft = args.draft if (Path(args.draft) / "config.json").exists() else None
+        train_compressed(CompressedRecipe(), args.minutes, args.out, args.run_dir, args.tokenizer, draft)
     return 0
 
 
