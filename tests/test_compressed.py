@@ -350,3 +350,26 @@ def test_checkpoint_round_trip_and_loader(tmp_path):
         build_engine(pair, SpecConfig(method="chain", drafter="early_exit", exit_layer=1))
     with pytest.raises(ContextError, match="batch 1"):
         model.new_cache(4, 32)
+
+
+def test_generate_cli_on_a_compressed_target(tmp_path, capsys, byte_pair):
+    """`verispec generate --target <compressed dir>` with a Llama draft: greedy spec == plain, refresh timed."""
+    import json
+
+    from verispec.cli import main
+    from verispec.testing import make_byte_tokenizer
+
+    _, draft = byte_pair
+    target = tmp_path / "compressed"
+    vocab = make_byte_tokenizer(target)
+    make_compressed_checkpoint(target, vocab, seed=6)
+    common = ["generate", "abcabc", "--target", str(target), "--max-tokens", "20", "--ignore-eos", "--json"]
+    outputs = {}
+    for name, extra in {"plain": ["--no-spec"], "chain": ["--draft", str(draft)],
+                        "tree": ["--draft", str(draft), "--method", "tree", "--tree", "s3_k2_d6"]}.items():
+        assert main(common + extra) == 0
+        outputs[name] = json.loads(capsys.readouterr().out)
+    assert outputs["chain"]["tokens"] == outputs["plain"]["tokens"] == outputs["tree"]["tokens"]
+    assert outputs["tree"]["stats"]["time_split"]["refresh_ms"] > 0
+    assert main(common + ["--method", "self", "--exit-layer", "1"]) == 2
+    assert "early exit" in capsys.readouterr().err

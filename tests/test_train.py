@@ -92,3 +92,28 @@ def test_distillation_pulls_the_draft_towards_the_teacher():
         optimizer.step()
         kls.append(scalars["kl"])
     assert kls[0] >= 0 and kls[-1] < 0.5 * kls[0]
+
+
+def test_target_samples_equal_a_stateless_sampler_and_mix_at_the_set_fraction():
+    """TargetSamples (batched KV-cached sampling) draws exactly what sampling from whole-sequence logits
+    with the same generator draws; MixedBatches replaces every 4th micro-batch at fraction 0.25."""
+    from verispec.train.draft import MixedBatches, TargetSamples
+
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=30, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    teacher = LlamaForCausalLM(config).eval()
+    init_weights(teacher, 0.3)
+    text = torch.randint(0, 30, (4, 12))
+    windows = next(TargetSamples(teacher, iter([text]), prefix_len=5, seed=7))
+    assert torch.equal(windows[:, :5], text[:, :5]) and windows.shape == text.shape
+    generator = torch.Generator().manual_seed(7)
+    expected = text[:, :5]
+    with torch.no_grad():
+        while expected.shape[1] < 12:
+            probs = torch.softmax(teacher.train_forward(expected)[0][:, -1].float(), dim=-1)
+            expected = torch.cat([expected, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    assert torch.equal(windows, expected)
+    zeros, ones = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
+    mixed = MixedBatches(iter([zeros] * 6), iter([ones] * 2), 0.25)
+    assert [int(next(mixed).sum() > 0) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]

@@ -5,8 +5,9 @@
     metrics["heldout"]["chat"]["expected_acceptance_t1"]   # P(one sampled draft token is accepted)
 
 The loss is `losses.distillation_loss`: KL(target || draft) on the target's temperature-1
-distributions over training text, mixed with cross-entropy on the real next token. The tokenizer is the
-target's (copied from the target checkpoint dir).
+distributions, mixed with cross-entropy on the next token, over training text and (a
+``target_sample_fraction`` of micro-batches) over continuations the target sampled itself. The
+tokenizer is the target's (copied from the target checkpoint dir).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -48,6 +50,9 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     stream, batches, encode = training_batches(target_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
 
+    batches = MixedBatches(batches, TargetSamples(teacher, batches, recipe.sample_prefix, optim.seed),
+                           recipe.target_sample_fraction)
+
     def loss_fn(tokens: torch.Tensor, micro_step: int):
         return distillation_loss(draft, teacher, tokens, recipe.ce_weight)
 
@@ -76,3 +81,49 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     write_json(run_dir / "metrics.json", metrics)
     write_json(Path(out_dir) / "training_metrics.json", metrics)
     return metrics
+
+
+class TargetSamples:
+    """Windows (B, T + 1): a training-text prefix, then tokens the target sampled at temperature 1."""
+
+    def __init__(self, teacher: LlamaForCausalLM, text: Iterator[torch.Tensor], prefix_len: int, seed: int):
+        self.teacher, self.text, self.prefix_len = teacher, text, prefix_len
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __iter__(self) -> "TargetSamples":
+        return self
+
+    @torch.no_grad()
+    def __next__(self) -> torch.Tensor:
+        windows = next(self.text)
+        batch, width = windows.shape
+        cache = self.teacher.new_cache(batch, width)
+        tokens = windows[:, :self.prefix_len]
+        logits = self.teacher.forward(tokens, cache, last_only=True)[:, -1]  # (B, V)
+        columns = [tokens]
+        for step in range(width - self.prefix_len):
+            for row in range(batch):
+                cache.commit(row, columns[-1].shape[1])
+            probs = torch.softmax(logits.float(), dim=-1)
+            columns.append(torch.multinomial(probs, 1, generator=self.generator))  # (B, 1)
+            if step < width - self.prefix_len - 1:
+                logits = self.teacher.forward(columns[-1], cache)[:, -1]
+        return torch.cat(columns, dim=1)
+
+
+class MixedBatches:
+    """Text micro-batches with every ``round(1 / fraction)``-th one replaced by target samples."""
+
+    def __init__(self, text: Iterator[torch.Tensor], samples: Iterator[torch.Tensor], fraction: float):
+        self.text, self.samples = text, samples
+        self.period = round(1 / fraction) if fraction > 0 else 0
+        self.count = 0
+
+    def __iter__(self) -> "MixedBatches":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        self.count += 1
+        if self.period and self.count % self.period == 0:
+            return next(self.samples)
+        return next(self.text)

@@ -104,6 +104,11 @@ class DraftRecipe:
     mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
     ce_weight: float = 0.2
     init_std: float = 0.02
+    # Every 1/target_sample_fraction-th micro-batch is text the target itself sampled (temperature 1)
+    # after a training-text prefix of sample_prefix tokens: the draft also learns on the target's own
+    # generations, the distribution it will draft against.
+    target_sample_fraction: float = 0.25
+    sample_prefix: int = 32
 
 
 def compressed_model_config() -> CompressedConfig:
