@@ -325,3 +325,25 @@ def test_serving_against_verispec_serve(byte_pair, sharegpt_file):
         assert r.output_tokens > 0 and r.ttft_s is not None and r.e2e_s >= r.ttft_s
         assert r.drafted is not None and r.rounds > 0  # the server's own acceptance statistics
     assert failed[0].status == "error" and summarize(failed, 1.0)["error_rate"] == 1.0
+
+
+def test_planner_check_reports_predicted_and_realised_per_gamma(tmp_path, capsys, byte_pair):
+    """The planner check runs end to end; its verdicts follow from its own figures."""
+    import json
+
+    from verispec.bench import planner_check
+
+    target, draft = byte_pair
+    out = tmp_path / "check.json"
+    assert planner_check.main(["--target", str(target), "--draft", str(draft), "--prompts", "1", "--max-tokens", "6",
+                               "--repeats", "1", "--max-gamma", "2", "--profile-repeats", "2", "--json",
+                               "--out", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data == json.loads(out.read_text())
+    assert [row["gamma"] for row in data["rows"]] == [1, 2]
+    for row in data["rows"]:
+        assert row["error"] == pytest.approx(row["realised_speedup"] / row["predicted_speedup"] - 1)
+    best = max([1.0] + [row["realised_speedup"] for row in data["rows"]])
+    assert data["best_realised_speedup"] == pytest.approx(best)
+    assert data["planner_within_5pct_of_best"] == (data["planner_choice_realised"] >= 0.95 * best)
+    assert data["settings"]["evaluation_prompts"] == 3 and data["settings"]["calibration_prompts"] > 0

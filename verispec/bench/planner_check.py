@@ -1,0 +1,168 @@
+"""Does the planner predict what happens? Predicted versus realised speedup for gamma 1..8, in one run.
+
+    python -m verispec.bench.planner_check --prompts 3 --max-tokens 64 --repeats 3 --threads 1
+
+1. Profile the pair now, in this process: verify ms for 1..9 positions, draft ms, state ms.
+2. Calibrate conditional acceptance per position with greedy chain runs (gamma 8) on calibration prompts
+   (held-out prompts after the first ``--prompts`` of each workload: disjoint from the evaluation set).
+3. Evaluate, interleaved per prompt and repeated: speculation off, fixed gamma 1..8, the adaptive policy
+   and HF's heuristic (+2 if all accepted, -1 otherwise). Realised speedup = off's decode time per token
+   / the variant's (prefill excluded, as in the cost model), the median over repeats.
+4. Report predicted vs realised per gamma, the planner's choice against the best realised gamma, and
+   the two online policies against the best fixed gamma (the workload mixes code, chat and math).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from verispec import profile as profiler
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.demo import PROMPTS_FILE
+from verispec.loading import build_engine, load_pair
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def split_prompts(tokenizer, per_workload: int, room: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(evaluation, calibration) token-id prompts from the packaged held-out prompts, each cut to its
+    last ``room`` tokens."""
+    prompts = json.loads(PROMPTS_FILE.read_text())
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)[-room:]  # noqa: E731
+    evaluation = [encode(p) for items in prompts.values() for p in items[:per_workload]]
+    calibration = [encode(p) for items in prompts.values() for p in items[per_workload:]]
+    return evaluation, calibration
+
+
+def variants(gammas: list[int]) -> dict[str, SpecConfig]:
+    top = max(gammas)
+    out = {"off": SpecConfig(method="none")}
+    out.update({f"gamma{g}": SpecConfig(method="chain", gamma=g) for g in gammas})
+    out["adaptive"] = SpecConfig(method="chain", gamma=top, gamma_policy="adaptive")
+    out["hf"] = SpecConfig(method="chain", gamma=top, gamma_policy="hf")
+    return out
+
+
+def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max_tokens: int,
+             repeats: int, progress) -> dict[str, dict]:
+    """Per variant: decode seconds per token of each repeat (summed over prompts), committed per round."""
+    engines = {name: build_engine(pair, spec) for name, spec in configs.items()}
+    stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
+    per_repeat = {name: [] for name in configs}
+    committed = {name: [0, 0] for name in configs}
+    for name, engine in engines.items():  # warm-up: one-off allocations stay out of the figures
+        engine.generate(prompts[0], GREEDY, configs[name], StopRules(max_tokens=8, ignore_eos=True))
+    for _ in range(repeats):
+        seconds = {name: 0.0 for name in configs}
+        tokens = {name: 0 for name in configs}
+        for prompt in prompts:
+            for name, engine in engines.items():  # interleaved: the machine's noise hits every variant
+                stats = engine.generate(prompt, GREEDY, configs[name], stop).stats
+                seconds[name] += stats.e2e_s - stats.ttft_s
+                tokens[name] += stats.generated_tokens - 1
+                committed[name][0] += sum(r.committed for r in stats.rounds)
+                committed[name][1] += len(stats.rounds)
+            progress()
+        for name in configs:
+            per_repeat[name].append(seconds[name] / tokens[name])
+    return {name: {"s_per_token": per_repeat[name],
+                   "committed_per_round": committed[name][0] / max(committed[name][1], 1)} for name in configs}
+
+
+def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict], gammas: list[int]) -> dict:
+    plans, best_plan = profiler.plan_from_profile(profile_data, acceptance, max(gammas))
+    by_gamma = {p.gamma: p for p in plans}
+    off = measured["off"]["s_per_token"]
+
+    def realised(name: str) -> float:
+        return statistics.median(o / v for o, v in zip(off, measured[name]["s_per_token"]))
+
+    rows = []
+    for g in gammas:
+        predicted, actual = by_gamma[g].speedup, realised(f"gamma{g}")
+        rows.append({"gamma": g, "predicted_tokens_per_round": by_gamma[g].expected_tokens,
+                     "realised_committed_per_round": measured[f"gamma{g}"]["committed_per_round"],
+                     "predicted_speedup": predicted, "realised_speedup": actual,
+                     "error": actual / predicted - 1})
+    realised_by_gamma = {0: 1.0, **{row["gamma"]: row["realised_speedup"] for row in rows}}
+    best_gamma = max(realised_by_gamma, key=realised_by_gamma.get)
+    choice = best_plan.gamma
+    return {
+        "profile": {k: profile_data[k] for k in ("decode_ms", "draft_ms", "state_ms", "verify_ms", "threads")},
+        "calibrated_acceptance": acceptance, "rows": rows,
+        "planner_choice": choice, "planner_choice_realised": realised_by_gamma[choice],
+        "best_gamma_realised": best_gamma, "best_realised_speedup": realised_by_gamma[best_gamma],
+        "planner_within_5pct_of_best": realised_by_gamma[choice] >= 0.95 * realised_by_gamma[best_gamma],
+        "all_within_10pct": all(abs(row["error"]) <= 0.10 for row in rows),
+        "adaptive_realised": realised("adaptive"), "hf_heuristic_realised": realised("hf"),
+        "adaptive_at_least_best_fixed": realised("adaptive") >= realised_by_gamma[best_gamma],
+    }
+
+
+def format_report(data: dict) -> str:
+    lines = ["gamma  predicted E[N]  realised committed/round  predicted speedup  realised speedup  error"]
+    for row in data["rows"]:
+        lines.append(f"{row['gamma']:>5}  {row['predicted_tokens_per_round']:>14.2f}  "
+                     f"{row['realised_committed_per_round']:>24.2f}  {row['predicted_speedup']:>16.3f}x  "
+                     f"{row['realised_speedup']:>15.3f}x  {100 * row['error']:+5.1f}%")
+    lines += [
+        f"planner picks gamma {data['planner_choice']} (realised {data['planner_choice_realised']:.3f}x); "
+        f"best realised: gamma {data['best_gamma_realised']} ({data['best_realised_speedup']:.3f}x); "
+        f"within 5%: {'yes' if data['planner_within_5pct_of_best'] else 'no'}",
+        f"every gamma within +/-10% of predicted: {'yes' if data['all_within_10pct'] else 'no'}",
+        f"adaptive {data['adaptive_realised']:.3f}x, HF heuristic {data['hf_heuristic_realised']:.3f}x, "
+        f"best fixed {data['best_realised_speedup']:.3f}x; adaptive >= best fixed: "
+        f"{'yes' if data['adaptive_at_least_best_fixed'] else 'no'}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from tqdm import tqdm
+
+    parser = argparse.ArgumentParser(prog="python -m verispec.bench.planner_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default=None, help="target checkpoint dir (default: embedded)")
+    parser.add_argument("--draft", default=None, help="draft checkpoint dir (default: embedded)")
+    parser.add_argument("--prompts", type=int, default=3, help="evaluation prompts per workload (default 3)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-gamma", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--profile-repeats", type=int, default=15)
+    parser.add_argument("--out", default=None, help="also write the JSON result here")
+    parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
+    args = parser.parse_args(argv)
+    if args.prompts < 1 or args.max_tokens < 2 or args.repeats < 1 or args.max_gamma < 1:
+        parser.error("--prompts, --repeats, --max-gamma must be >= 1 and --max-tokens >= 2")
+    torch.set_num_threads(args.threads)
+    pair = load_pair(args.target, args.draft)
+    gammas = list(range(1, args.max_gamma + 1))
+    data = profiler.profile(pair.target, pair.draft, max_positions=args.max_gamma + 1,
+                            repeats=args.profile_repeats, tree_shapes=())
+    room = pair.target.config.max_context - args.max_tokens - args.max_gamma - 1
+    evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, room)
+    if not calibration:
+        parser.error("no held-out prompts left for calibration; lower --prompts")
+    acceptance = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.max_gamma)), calibration,
+                                    args.max_gamma, args.max_tokens)
+    configs = variants(gammas)
+    with tqdm(total=args.repeats * len(evaluation), desc="planner check", unit="prompt", file=sys.stderr) as bar:
+        measured = evaluate(pair, configs, evaluation, args.max_tokens, args.repeats, lambda: bar.update(1))
+    result = report(data, acceptance, measured, gammas)
+    result["settings"] = {k: v for k, v in vars(args).items()}
+    result["settings"]["evaluation_prompts"], result["settings"]["calibration_prompts"] = len(evaluation), len(calibration)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
