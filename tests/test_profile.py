@@ -35,4 +35,23 @@ def test_profile_and_plan(checkpoints, tmp_path):
 def test_calibration_measures_conditional_acceptance(checkpoints):
     target = load_checkpoint(checkpoints["llama"])
     engine = SpecEngine(target, DraftModelDrafter(target))  # draft == target: everything accepted
-    assert calibrate(engine, [[1, 2, 3]], gamma=3, max_tokens=20) == [1.0, 1.0, 1.0]
+    assert calibrate(engine, [[1, 2, 3]], gamma=3, max_tokens=20)["acceptance"] == [1.0, 1.0, 1.0]
+
+
+def test_in_situ_costs_feed_the_planner(checkpoints):
+    """With in-situ costs the planner uses them, and scales the profiled verify curve to the in-situ verify
+    time at the calibration gamma: the prediction for that gamma is exactly the in-situ cycle."""
+    target = load_checkpoint(checkpoints["llama"])
+    calibration = calibrate(SpecEngine(target, DraftModelDrafter(target)), [[1, 2, 3]], gamma=2, max_tokens=20,
+                            plain_engine=SpecEngine(target))
+    costs = calibration["in_situ"]
+    assert costs["rounds"] > 0 and all(costs[k] > 0 for k in ("draft_ms", "verify_ms", "state_ms", "decode_ms"))
+    profile_data = {"verify_ms": {"1": 1.0, "2": 2.0, "3": 4.0, "4": 5.0}, "decode_ms": 1.0, "draft_ms": 0.5,
+                    "state_ms": 0.1, "calibration": calibration}
+    plans, _ = plan_from_profile(profile_data)
+    at_calibration = plans[2]
+    assert at_calibration.cycle_ms == pytest.approx(2 * costs["draft_ms"] + costs["verify_ms"] + costs["state_ms"])
+    assert plans[3].cycle_ms == pytest.approx(3 * costs["draft_ms"] + costs["verify_ms"] * 5.0 / 4.0
+                                              + costs["state_ms"])
+    assert at_calibration.speedup == pytest.approx(costs["decode_ms"] / at_calibration.ms_per_token)
+    assert plans[0].speedup == pytest.approx(1.0)  # gamma 0 is plain decoding

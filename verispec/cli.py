@@ -339,8 +339,8 @@ def _run_profile(args) -> int:
         prompts = [pair.tokenizer.encode(p, add_special_tokens=False)
                    for items in demo_prompts(args.calibrate).values() for p in items]
         engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma))
-        data["calibration"] = {"prompts": len(prompts), "gamma": args.calibrate_gamma,
-                               "acceptance": profiler.calibrate(engine, prompts, args.calibrate_gamma, 64)}
+        data["calibration"] = profiler.calibrate(engine, prompts, args.calibrate_gamma, 64,
+                                                 plain_engine=build_engine(pair, SpecConfig(method="none")))
     profiler.save(data, args.out)
     if args.plot:
         profiler.plot_verify_curve(data, args.plot)

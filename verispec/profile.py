@@ -9,11 +9,15 @@ Measured (medians of interleaved repeats, milliseconds):
 - ``draft_ms``: one draft-model forward of 1 token (cost per proposed token);
 - ``state_ms``: cache bookkeeping of a round (commit / rollback; compaction of a scattered tree path);
 - ``calibration`` (optional): per-position conditional acceptance of the draft on held-out prompts,
-  measured with the engine at ``max gamma`` (not an iid assumption).
+  measured with the engine at ``max gamma`` (not an iid assumption), and the same runs' in-situ costs
+  (draft per token, verify, overhead per round, plain decoding per token inside real loops).
 
 The planner (``plan_from_profile``) combines them with the cost model: for each gamma,
 cycle = gamma * draft_ms + verify_ms[gamma + 1] + state_ms, E[N] from the measured acceptance, and
-predicted speedup = decode_ms / (cycle / E[N]).
+predicted speedup = decode_ms / (cycle / E[N]). With in-situ costs, those replace the isolated ones and
+the verify curve is scaled to the in-situ verify time at the calibration gamma: isolated forwards keep
+the target's weights warm in the CPU caches, which real rounds (draft, then target) do not, and the first
+planner check predicted ~20% too high for every gamma without this.
 """
 
 from __future__ import annotations
@@ -89,18 +93,45 @@ def measure_state_ms(model: LlamaForCausalLM, context: int, repeats: int) -> dic
     return {"chain_commit_ms": _median_ms(rollback, repeats), "tree_compact_ms": _median_ms(compact, repeats)}
 
 
-def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int) -> list[float]:
-    """Conditional acceptance per draft position over greedy runs of the engine on ``prompts``."""
+def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
+              plain_engine=None) -> dict:
+    """Greedy runs of the engine (chain, ``gamma``) on ``prompts``: conditional acceptance per draft
+    position, and with ``plain_engine`` the costs as they are *in situ*, inside real decoding loops
+    (``in_situ_costs``)."""
     reached = [0] * (gamma + 1)
     accepted = [0] * (gamma + 1)
+    rounds, plain = [], []
+    stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
     for prompt in prompts:
-        result = engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(gamma=gamma),
-                                 StopRules(max_tokens=max_tokens, ignore_eos=True))
+        result = engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(gamma=gamma), stop)
+        rounds += [r for r in result.stats.rounds if r.drafted == gamma]
         for record in result.stats.rounds:
             for position in range(1, min(record.drafted, record.accepted + 1) + 1):
                 reached[position] += 1
                 accepted[position] += position <= record.accepted
-    return [accepted[i] / reached[i] if reached[i] else 0.0 for i in range(1, gamma + 1)]
+        if plain_engine is not None:
+            plain.append(plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"),
+                                               stop).stats)
+    out = {"prompts": len(prompts), "gamma": gamma,
+           "acceptance": [accepted[i] / reached[i] if reached[i] else 0.0 for i in range(1, gamma + 1)]}
+    if plain and rounds:
+        out["in_situ"] = in_situ_costs(rounds, plain)
+    return out
+
+
+def in_situ_costs(rounds, plain_stats) -> dict[str, float]:
+    """Per-round costs measured inside real decoding (ms): draft per drafted token, verify of gamma + 1
+    positions, state + engine overhead per round, and plain decoding per token. They differ from the
+    isolated forwards the profile times: in a real loop the draft evicts the target's weights from the
+    caches, and every round pays sampling and bookkeeping."""
+    count = len(rounds)
+    decode_s = sum(s.e2e_s - s.ttft_s for s in plain_stats)
+    decode_tokens = sum(s.generated_tokens - 1 for s in plain_stats)
+    return {"rounds": count,
+            "draft_ms": 1e3 * sum(r.draft_s for r in rounds) / sum(r.drafted for r in rounds),
+            "verify_ms": 1e3 * sum(r.verify_s for r in rounds) / count,
+            "state_ms": 1e3 * sum(r.state_s + r.other_s for r in rounds) / count,
+            "decode_ms": 1e3 * decode_s / max(decode_tokens, 1)}
 
 
 def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: int = 128,
@@ -125,14 +156,23 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
 def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None, max_gamma: int | None = None):
     """Predicted plans for gamma 0 (plain decoding, speedup 1 by definition) .. max_gamma from a
     profile (and its calibration, if any)."""
-    acceptance = acceptance or profile_data.get("calibration", {}).get("acceptance")
+    calibration = profile_data.get("calibration", {})
+    acceptance = acceptance or calibration.get("acceptance")
     if not acceptance:
         raise ValueError("no acceptance: pass --acceptance or profile with --calibrate")
     verify = {int(n): ms for n, ms in profile_data["verify_ms"].items()}
     top = min(max_gamma or len(verify) - 1, len(verify) - 1)
-    return costmodel.sweep(range(0, top + 1), draft_ms=profile_data["draft_ms"],
-                           verify_ms=lambda n: verify[n], state_ms=profile_data["state_ms"],
-                           baseline_ms=profile_data["decode_ms"], acceptance=acceptance)
+    costs = dict(draft_ms=profile_data["draft_ms"], state_ms=profile_data["state_ms"],
+                 baseline_ms=profile_data["decode_ms"])
+    in_situ = calibration.get("in_situ")
+    if in_situ and str(calibration["gamma"] + 1) in profile_data["verify_ms"]:
+        # The profile gives the verify curve's shape; the in-situ run at the calibration gamma gives
+        # its level, and the draft, overhead and plain-decoding costs as a real loop pays them. One
+        # position is a plain decoding step (gamma 0 is plain decoding: speedup 1 exactly).
+        scale = in_situ["verify_ms"] / verify[calibration["gamma"] + 1]
+        costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=in_situ["decode_ms"])
+        verify = {n: in_situ["decode_ms"] if n == 1 else scale * ms for n, ms in verify.items()}
+    return costmodel.sweep(range(0, top + 1), verify_ms=lambda n: verify[n], acceptance=acceptance, **costs)
 
 
 def plot_verify_curve(profile_data: dict, path: str | Path, label: str = "") -> None:

@@ -77,6 +77,7 @@ def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max
 
 def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict], gammas: list[int]) -> dict:
     plans, best_plan = profiler.plan_from_profile(profile_data, acceptance, max(gammas))
+    in_situ = profile_data.get("calibration", {}).get("in_situ")
     by_gamma = {p.gamma: p for p in plans}
     off = measured["off"]["s_per_token"]
 
@@ -95,7 +96,7 @@ def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict
     choice = best_plan.gamma
     return {
         "profile": {k: profile_data[k] for k in ("decode_ms", "draft_ms", "state_ms", "verify_ms", "threads")},
-        "calibrated_acceptance": acceptance, "rows": rows,
+        "calibrated_acceptance": acceptance, "in_situ_costs": in_situ, "rows": rows,
         "planner_choice": choice, "planner_choice_realised": realised_by_gamma[choice],
         "best_gamma_realised": best_gamma, "best_realised_speedup": realised_by_gamma[best_gamma],
         "planner_within_5pct_of_best": realised_by_gamma[choice] >= 0.95 * realised_by_gamma[best_gamma],
@@ -135,11 +136,17 @@ def main(argv=None) -> int:
     parser.add_argument("--max-gamma", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--profile-repeats", type=int, default=15)
+    parser.add_argument("--calibrate-gamma", type=int, default=None,
+                        help="gamma of the calibration runs (acceptance per position up to it; in-situ costs); "
+                             "default --max-gamma")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     args = parser.parse_args(argv)
     if args.prompts < 1 or args.max_tokens < 2 or args.repeats < 1 or args.max_gamma < 1:
         parser.error("--prompts, --repeats, --max-gamma must be >= 1 and --max-tokens >= 2")
+    args.calibrate_gamma = args.calibrate_gamma or args.max_gamma
+    if not 1 <= args.calibrate_gamma <= args.max_gamma:
+        parser.error("--calibrate-gamma must be in 1..--max-gamma")
     torch.set_num_threads(args.threads)
     pair = load_pair(args.target, args.draft)
     gammas = list(range(1, args.max_gamma + 1))
@@ -149,8 +156,10 @@ def main(argv=None) -> int:
     evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, room)
     if not calibration:
         parser.error("no held-out prompts left for calibration; lower --prompts")
-    acceptance = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.max_gamma)), calibration,
-                                    args.max_gamma, args.max_tokens)
+    data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma)),
+                                             calibration, args.calibrate_gamma, args.max_tokens,
+                                             plain_engine=build_engine(pair, SpecConfig(method="none")))
+    acceptance = data["calibration"]["acceptance"]
     configs = variants(gammas)
     with tqdm(total=args.repeats * len(evaluation), desc="planner check", unit="prompt", file=sys.stderr) as bar:
         measured = evaluate(pair, configs, evaluation, args.max_tokens, args.repeats, lambda: bar.update(1))
