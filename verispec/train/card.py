@@ -168,7 +168,7 @@ def render(measured: dict) -> str:
         other = measured["unadapted_early_exit_greedy_gamma4"][exit_layer]
         lines.append(f"| {exit_layer} | " + " | ".join(f"{per[w]['acceptance_rate']:.3f}" for w in per) + " | "
                      + " | ".join(f"{other[w]['acceptance_rate']:.3f}" for w in other) + " |")
-    lines += ["", "Loss curves: `runs/target/loss.png`, `runs/draft/loss.png` (copied to `docs/`).", ""]
+    lines += ["", "Loss curves: `docs/target_loss.png`, `docs/draft_loss.png`.", ""]
     return "\n".join(lines)
 
 
