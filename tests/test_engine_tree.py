@@ -48,20 +48,6 @@ def test_wider_trees_commit_more_with_a_perfect_draft(models):
     assert result.stats.summary()["tree_nodes"] == pytest.approx(5, abs=1)
 
 
-def test_last_rounds_draft_no_deeper_than_the_tokens_left(models):
-    """With 5 tokens to go and a depth-3 tree, the round drafts a tree; with 3 to go, a chain of 2:
-    never more draft positions than could be committed."""
-    target = models["llama"]
-    for max_tokens in range(2, 12):
-        result = SpecEngine(target, DraftModelDrafter(target)).generate(
-            PROMPT, GREEDY, SpecConfig(method="tree", tree="s3_k2_d6"), StopRules(max_tokens=max_tokens))
-        assert result.tokens == plain(target).tokens[:max_tokens]
-        generated = 1  # the prefill's token
-        for record in result.stats.rounds:
-            assert record.drafted <= max_tokens - generated - 1
-            generated += record.committed
-
-
 @pytest.mark.parametrize("shape,mode,draft_name", [("s3_k2_d6", "deterministic", "llama"), ("s3_k3_d8", "iid", "draft"),
                                                    ("s3_k3_d8", "without_replacement", "draft"),
                                                    ("dynamic:8", "deterministic", "llama")])

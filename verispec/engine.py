@@ -131,10 +131,10 @@ class Generation:
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
-        elif self.spec.method == "tree" and remaining - 1 >= self.spec.tree_shape.depth:
+        elif self.spec.method == "tree":
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
                                             self.sampling, self.generator)
-        else:  # a chain; also a tree's last rounds, when fewer tokens remain than the tree is deep
+        else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         record.draft_s = time.perf_counter() - began
         record.tree_nodes = proposal.num_drafts
