@@ -69,9 +69,9 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     if adaptive and not spec.enabled:
         raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
     if not all(isinstance(m, LlamaForCausalLM) for m in (pair.target, pair.draft) if m is not None):
-        raise VerispecError("the server batches requests with the native Llama-family model (Llama, Qwen2, "
-                            "Mistral); the transformers adapter (--backend hf, other architectures) and the "
-                            "compressed-attention model decode one request at a time: use verispec generate")
+        raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
+                            "transformers adapter (--backend hf, other architectures) and the compressed-attention "
+                            "model decode one request at a time: use verispec generate")
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
