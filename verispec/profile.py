@@ -15,9 +15,10 @@ Measured (medians of interleaved repeats, milliseconds):
 The planner (``plan_from_profile``) combines them with the cost model: for each gamma,
 cycle = gamma * draft_ms + verify_ms[gamma + 1] + state_ms, E[N] from the measured acceptance, and
 predicted speedup = decode_ms / (cycle / E[N]). With in-situ costs, those replace the isolated ones and
-the verify curve is scaled to the in-situ verify time at the calibration gamma: isolated forwards keep
-the target's weights warm in the CPU caches, which real rounds (draft, then target) do not, and the first
-planner check predicted ~20% too high for every gamma without this.
+the verify curve is scaled to the in-situ verify time at the calibration gamma. The in-situ costs are
+measured right next to the runs they predict and include what a real round pays around the forwards;
+the first planner check, on isolated costs alone, predicted every gamma 15-25% too high (why the two
+drifted apart, machine state or cache effects, was not isolated).
 """
 
 from __future__ import annotations
@@ -121,9 +122,8 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
 
 def in_situ_costs(rounds, plain_stats) -> dict[str, float]:
     """Per-round costs measured inside real decoding (ms): draft per drafted token, verify of gamma + 1
-    positions, state + engine overhead per round, and plain decoding per token. They differ from the
-    isolated forwards the profile times: in a real loop the draft evicts the target's weights from the
-    caches, and every round pays sampling and bookkeeping."""
+    positions, state + engine overhead per round, and plain decoding per token, as real loops pay them
+    (sampling and bookkeeping included, the draft and target alternating on the same caches)."""
     count = len(rounds)
     decode_s = sum(s.e2e_s - s.ttft_s for s in plain_stats)
     decode_tokens = sum(s.generated_tokens - 1 for s in plain_stats)

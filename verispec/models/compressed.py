@@ -211,10 +211,10 @@ class CompressedState:
             self.inputs[:, base:end] = self.inputs[:, source]
         on_path = set(path)
         self._append_rows(scratch.csa_nodes, on_path, scratch.csa_keys, scratch.csa_values,
-                          self.csa_keys, self.csa_values, self.csa_rows)
+                          self.csa_keys, self.csa_values, self.config.block)
         if self.config.hca_block:
             self._append_rows(scratch.hca_nodes, on_path, scratch.hca_keys, scratch.hca_values,
-                              self.hca_keys, self.hca_values, self.hca_rows)
+                              self.hca_keys, self.hca_values, self.config.hca_block)
         self.length = base + len(path)
         self._rebuild_hca_sum(base)
         self.pending = None
@@ -226,18 +226,16 @@ class CompressedState:
         self.length, self.pending = length, None
         self._rebuild_hca_sum(None)
 
-    def _append_rows(self, nodes, on_path, new_keys, new_values, keys, values, first_row) -> None:
+    def _append_rows(self, nodes, on_path, new_keys, new_values, keys, values, block: int) -> None:
         # Blocks the committed sequence gains; a correct pass has exactly one row per block on the path
         # (the naive tree-mask-only model may have more or fewer, and commits whatever it has).
-        gained = (self.length + len(on_path)) // self._size(keys) - first_row
+        first_row = self.length // block
+        gained = (self.length + len(on_path)) // block - first_row
         picked = [i for i, node in enumerate(nodes) if node in on_path][:gained]
         if picked:  # path nodes complete blocks in position order, so their rows are contiguous
             index = torch.tensor(picked, device=keys.device)
             keys[:, :, first_row:first_row + len(picked)] = new_keys[:, :, index]
             values[:, :, first_row:first_row + len(picked)] = new_values[:, :, index]
-
-    def _size(self, keys: torch.Tensor) -> int:
-        return self.config.block if keys is self.csa_keys else self.config.hca_block
 
     def _rebuild_hca_sum(self, previous_length: int | None) -> None:
         """Sum of the layer inputs of the open HCA block; incremental when no block closed since
