@@ -80,3 +80,14 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
                            "--draft", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("verispec: error:") and "Traceback" not in proc.stderr
+
+
+def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
+    """The README's main job, shortened: every prompt's speculative output equals plain decoding."""
+    code, out, _ = run(capsys, "demo", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["embedded_pair"] and len(data["prompts"]) == 3
+    assert all(row["identical"] for row in data["prompts"])
+    code, _, err = run(capsys, "demo", "--threads", "-1")
+    assert code == 2 and "--threads" in err

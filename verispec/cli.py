@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
     demo.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    demo.add_argument("--threads", type=int, default=1,
+                      help="torch CPU threads (default 1: on a small CPU, two threads competing with any other "
+                           "job make both decoding modes several times slower; 0 = torch's default)")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     demo.set_defaults(run=_run_demo)
 

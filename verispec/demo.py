@@ -34,8 +34,12 @@ def demo_prompts(per_workload: int) -> dict[str, list[str]]:
 def run_demo(args) -> int:
     from tqdm import tqdm
 
-    if args.max_tokens < 1 or args.prompts < 1:
-        raise VerispecError("--max-tokens and --prompts must be >= 1")
+    if args.max_tokens < 1 or args.prompts < 1 or args.threads < 0:
+        raise VerispecError("--max-tokens and --prompts must be >= 1, --threads >= 0")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     pair, note = _load_demo_pair()
     if note:
         print(note, file=sys.stderr)
