@@ -168,7 +168,7 @@ def run_audit(engine, prompts: Sequence[Sequence[int]], sampling: SamplingParams
             raise VerispecError(f"prompt token ids must be in 0..{vocab - 1} for this target, got {list(ids)}")
     results = []
     with tqdm(total=len(prompts) * audit.samples, desc="audit", unit="seq", file=sys.stderr,
-              disable=None if progress else True) as bar:
+              disable=not progress, mininterval=1.0 if sys.stderr.isatty() else 30.0) as bar:
         for index, ids in enumerate(prompts):
             seeds = sample_seeds(audit.seed, index, audit.samples)
             counts, drafted, accepted = sample_continuations(engine, list(ids), sampling, spec, audit.tokens,
