@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.errors import CheckpointError, ContextError
+from verispec.kernels import accelerate
 from verispec.models.llama import MLP, RMSNorm
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
@@ -535,7 +536,8 @@ def save_checkpoint(model: CompressedForCausalLM, out_dir: str | Path, dtype: to
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> CompressedForCausalLM:
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    kernels: bool = True) -> CompressedForCausalLM:
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -556,4 +558,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     if missing or unexpected:
         raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]}")
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
+        accelerate(model)
+    return model

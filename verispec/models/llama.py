@@ -24,6 +24,7 @@ from torch import nn
 
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError
+from verispec.kernels import accelerate, joined_projection, projections
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -128,6 +129,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the same formula as below, fused
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
@@ -146,10 +149,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
                 layer: int, mask: torch.Tensor | None, num_slots: int) -> torch.Tensor:
         batch, num_new, _ = x.shape
-        q = self.q_proj(x).view(batch, num_new, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        heads, kv_heads = self.heads, self.kv_heads
+        qkv = joined_projection(x, self.q_proj, self.k_proj, self.v_proj)
+        qkv = qkv.view(batch, num_new, heads + 2 * kv_heads, self.head_dim)  # (B, T, H + 2 Hkv, D)
+        qk = apply_rotary(qkv[:, :, :heads + kv_heads], cos, sin)  # q and k rotated together
+        q = qk[:, :, :heads].transpose(1, 2)  # (B, H, T, D)
+        k = qk[:, :, heads:].transpose(1, 2)  # (B, Hkv, T, D)
+        v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
         if cache is None:  # training / full-sequence scoring: plain causal attention
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
@@ -168,7 +174,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = projections(x, self.gate_proj, self.up_proj)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -274,7 +281,7 @@ class LlamaForCausalLM(nn.Module):
             self._tables = rotary_tables(self.rope_frequencies, self.attention_factor, size,
                                          self.lm_head.weight.dtype, positions.device)
         cos, sin = self._tables
-        return cos[positions][:, None], sin[positions][:, None]  # (B, 1, T, D)
+        return cos[positions][:, :, None], sin[positions][:, :, None]  # (B, T, 1, D)
 
     # ---- training / full-sequence scoring ---------------------------------------------------------
 
@@ -316,8 +323,10 @@ def _attention_mask(bases: list[int], staged: int, num_new: int, num_slots: int,
 
 # ---- checkpoints ------------------------------------------------------------------------------------
 
-def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """Load an HF checkpoint directory (config.json + *.safetensors, sharded or not)."""
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    kernels: bool = True) -> LlamaForCausalLM:
+    """Load an HF checkpoint directory (config.json + *.safetensors, sharded or not). With ``kernels``
+    its linear layers use verispec.kernels for few-row CPU calls (decode, verification)."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -350,7 +359,10 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     if missing or unexpected:
         raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
                               f"{missing[:3]}, unexpected {unexpected[:3]}")
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
+        accelerate(model)
+    return model
 
 
 def save_checkpoint(model: LlamaForCausalLM, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -96,7 +96,7 @@ def rotary_tables(frequencies: torch.Tensor, attention_factor: float, num_positi
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, T, D) by per-position cos/sin (B, 1, T, D)."""
+    """Rotate x (..., D) by cos/sin broadcast to it, e.g. x (B, H, T, D) with cos (B, 1, T, D)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

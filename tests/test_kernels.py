@@ -1,0 +1,155 @@
+"""The few-row linear kernel: equal to torch's linear, row results independent of the batch, and the
+model wrapper's fallbacks (grad, large inputs, edited weights, disabled kernel)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec import kernels
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+
+pytestmark = pytest.mark.skipif(kernels.library() is None,
+                                reason=f"kernel unavailable here: {kernels.status()}")
+
+
+def _weights(out_features, in_features, bf16_exact, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    return weight.to(torch.bfloat16).float() if bf16_exact else weight
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 16])
+@pytest.mark.parametrize("shape", [(8, 8), (13, 64), (640, 384), (130, 1024)])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_kernel_matches_torch(rows, shape, bf16):
+    out_features, in_features = shape
+    weight = _weights(out_features, in_features, bf16)
+    bias = torch.randn(out_features)
+    x = torch.randn(1, rows, in_features)
+    packed = weight.to(torch.bfloat16) if bf16 else weight
+    for with_bias in (None, bias):
+        got = kernels.linear(x, packed, with_bias)
+        want = F.linear(x, weight, with_bias)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_row_result_does_not_depend_on_other_rows(bf16):
+    """Every output is summed in the same order whatever M is: bit-identical rows."""
+    weight = _weights(96, 384, bf16)
+    packed = weight.to(torch.bfloat16) if bf16 else weight
+    x = torch.randn(16, 384)
+    together = kernels.linear(x, packed)
+    for row in range(16):
+        assert torch.equal(kernels.linear(x[row:row + 1], packed), together[row:row + 1])
+    assert torch.equal(kernels.linear(x[3:11], packed), together[3:11])
+
+
+def test_threads_do_not_change_results():
+    weight = _weights(257, 128, True)
+    x = torch.randn(6, 128)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.linear(x, weight.to(torch.bfloat16))
+        torch.set_num_threads(2)
+        two = kernels.linear(x, weight.to(torch.bfloat16))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_accelerated_linear_keeps_parameters_and_falls_back():
+    layer = nn.Linear(64, 32)
+    reference = nn.Linear(64, 32)
+    reference.load_state_dict(layer.state_dict())
+    assert kernels.accelerate(layer) == 1
+    assert isinstance(layer, kernels.SmallRowsLinear)
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    assert layer.packed.dtype == torch.float32  # random fp32 weights are not bf16-exact
+    x = torch.randn(2, 3, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
+    # Gradients: torch's path, so training through an accelerated model still works.
+    out = layer(x)
+    out.sum().backward()
+    assert layer.weight.grad is not None
+    # More rows than MAX_ROWS: torch's path, same values.
+    big = torch.randn(kernels.MAX_ROWS + 1, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(big), reference(big), rtol=1e-5, atol=1e-5)
+
+
+def test_edited_weights_are_repacked():
+    layer = nn.Linear(16, 8, bias=False)
+    kernels.accelerate(layer)
+    x = torch.randn(1, 16)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+
+def _tiny_llama(bf16_weights):
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    if bf16_weights:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(parameter.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_grouped_projections_and_model_logits(bf16_weights):
+    plain = _tiny_llama(bf16_weights)
+    fast = _tiny_llama(bf16_weights)
+    assert kernels.accelerate(fast) == 2 * 7 + 1
+    attention = fast.model.layers[0].self_attn
+    assert attention.q_proj.group is not None and attention.q_proj.group is attention.v_proj.group
+    assert fast.model.layers[0].mlp.gate_proj.group is not None
+    assert "on (15 linear layers" in kernels.status(fast)
+    bf16_count = sum(m.packed.dtype == torch.bfloat16 for m in fast.modules()
+                     if isinstance(m, kernels.SmallRowsLinear))
+    assert bf16_count == (15 if bf16_weights else 0)
+    tokens = torch.randint(0, 96, (1, 12))
+    plain_cache, fast_cache = plain.new_cache(1), fast.new_cache(1)
+    for model, cache in ((plain, plain_cache), (fast, fast_cache)):
+        model(tokens[:, :4], cache)
+        cache.commit(0, 4)
+    for step in range(4, 12):  # decode one row at a time: the kernel's path
+        want = plain(tokens[:, step:step + 1], plain_cache)
+        got = fast(tokens[:, step:step + 1], fast_cache)
+        plain_cache.commit(0, 1)
+        fast_cache.commit(0, 1)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_disabled_by_environment(monkeypatch):
+    kernels.library.cache_clear()
+    monkeypatch.setenv("VERISPEC_KERNELS", "0")
+    try:
+        assert kernels.library() is None
+        assert kernels.status() == "off (disabled by VERISPEC_KERNELS=0)"
+        assert kernels.accelerate(nn.Linear(8, 8)) == 0
+    finally:
+        kernels.library.cache_clear()
+        monkeypatch.delenv("VERISPEC_KERNELS")
+    assert kernels.library() is not None
+
+
+def test_build_failure_is_reported_not_raised(monkeypatch, tmp_path):
+    kernels.library.cache_clear()
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    try:
+        assert kernels.library() is None
+        assert kernels.status().startswith("off (build failed")
+    finally:
+        monkeypatch.undo()
+        kernels.library.cache_clear()
+    assert kernels.library() is not None

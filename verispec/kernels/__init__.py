@@ -1,0 +1,221 @@
+"""Native few-row linear kernel for CPU inference (AVX2 + FMA), built on first use.
+
+Decoding multiplies 1 row by every weight matrix and verification K + 1 rows. On AVX2 machines torch's
+GEMM costs about twice as much for 8 rows as for 1 although the weights, the dominant memory traffic,
+are the same; ``small_m_linear.c`` reads each weight once per call for all rows, and reads bf16
+weights directly when a checkpoint's values are bf16 (the fp32 copy is then an exact upcast, so the
+products are the same numbers at half the traffic).
+
+    accelerate(model)      # every eligible nn.Linear of model uses the kernel for <= MAX_ROWS rows
+    gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
+    qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
+    status(model)          # "on (57 linear layers, 57 with bf16 weights, <= 16 rows)" or why not
+
+The kernel sums every output in the same order whatever the number of rows, so a row's projection is
+bit-identical whether it is decoded alone or verified with others. It is compiled with the system C
+compiler into ``$VERISPEC_CACHE_DIR`` (default ``~/.cache/verispec``) keyed by the source's hash; where
+that fails (no compiler, no AVX2/FMA, not x86-64) or ``VERISPEC_KERNELS=0`` is set, every layer keeps
+torch's own path and ``status()`` says why. Training never uses it (it has no backward).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SOURCE = Path(__file__).with_name("small_m_linear.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
+
+_reason = "not built yet"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None (``status()`` says why)."""
+    global _reason
+    if os.environ.get("VERISPEC_KERNELS", "1") == "0":
+        _reason = "disabled by VERISPEC_KERNELS=0"
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= _cpu_flags():
+        _reason = "needs an x86-64 CPU with AVX2 and FMA"
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        _reason = "no C compiler (set CC or install gcc)"
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"small_m_linear-{key}.so"
+    if not target.exists():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(built, target)  # atomic: concurrent builders each install a whole file
+        except (OSError, subprocess.SubprocessError) as error:
+            detail = getattr(error, "stderr", b"") or b""
+            _reason = f"build failed ({error.__class__.__name__}: {detail.decode(errors='replace')[:200]})"
+            return None
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as error:
+        _reason = f"load failed ({error})"
+        return None
+    for name in ("linear_f32", "linear_bf16"):
+        function = getattr(lib, name)
+        function.restype = None
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    _reason = ""
+    return lib
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) fp32 @ weight (N, K)^T (+ bias) with the kernel; weight fp32 or bf16, K % 8 == 0.
+    Call only when ``library()`` is not None."""
+    lib = library()
+    x = x.contiguous()
+    out_features, in_features = weight.shape
+    rows = x.numel() // in_features
+    out = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+    function = lib.linear_bf16 if weight.dtype == torch.bfloat16 else lib.linear_f32
+    function(x.data_ptr(), weight.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr(),
+             rows, in_features, out_features, torch.get_num_threads())
+    return out
+
+
+def _eligible(x: torch.Tensor, layer: nn.Linear) -> bool:
+    return (x.numel() <= MAX_ROWS * layer.in_features and x.dtype == torch.float32 and not x.is_cuda
+            and not (layer.weight.requires_grad and torch.is_grad_enabled()))
+
+
+def _pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 when that loses nothing (a bf16 checkpoint upcast to fp32), else the fp32 weight."""
+    weight = weight.detach()
+    as_bf16 = weight.to(torch.bfloat16)
+    return as_bf16.contiguous() if torch.equal(as_bf16.to(torch.float32), weight) else weight.contiguous()
+
+
+class SmallRowsLinear(nn.Linear):
+    """An nn.Linear (same parameters and state dict) whose few-row inference calls use the kernel.
+    Made by ``accelerate``, which sets ``packed``: the weight as bf16 when that is exact, else fp32."""
+
+    packed: torch.Tensor
+    packed_version: int
+    group: "Group | None" = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _eligible(x, self):
+            if self.weight._version != self.packed_version:  # weights edited in place since packing
+                self._pack()
+            return linear(x, self.packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _pack(self) -> None:
+        self.packed, self.packed_version, self.group = _pack_weight(self.weight), self.weight._version, None
+
+
+class Group:
+    """Linear layers that read the same input (q/k/v, gate/up), packed as one matrix whose row blocks
+    are the members' own packed weights (views, no extra memory): one kernel call computes them all."""
+
+    def __init__(self, layers: tuple[SmallRowsLinear, ...]):
+        self.layers = layers
+        self.packed = torch.cat([layer.packed for layer in layers])
+        biases = [layer.bias for layer in layers]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.sizes = [layer.out_features for layer in layers]
+        offset = 0
+        for layer, size in zip(layers, self.sizes):
+            layer.packed, layer.group = self.packed[offset:offset + size], self
+            offset += size
+
+    @staticmethod
+    def compatible(layers) -> bool:
+        return (all(isinstance(layer, SmallRowsLinear) for layer in layers)
+                and len({(layer.in_features, layer.packed.dtype, layer.bias is None) for layer in layers}) == 1)
+
+    def current(self) -> bool:
+        return all(layer.group is self and layer.weight._version == layer.packed_version for layer in self.layers)
+
+
+def projections(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x) for layer in layers)``, in one kernel call when ``accelerate`` grouped them."""
+    group = getattr(layers[0], "group", None)
+    if group is not None and group.layers == layers and _eligible(x, layers[0]) and group.current():
+        return linear(x, group.packed, group.bias).split(group.sizes, dim=-1)
+    return tuple(layer(x) for layer in layers)
+
+
+def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
+    """``torch.cat([layer(x) for layer in layers], -1)``, in one kernel call (no copy) when grouped."""
+    group = getattr(layers[0], "group", None)
+    if group is not None and group.layers == layers and _eligible(x, layers[0]) and group.current():
+        return linear(x, group.packed, group.bias)
+    return torch.cat([layer(x) for layer in layers], dim=-1)
+
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read through projections()
+
+
+def accelerate(model: nn.Module) -> int:
+    """Switch every eligible nn.Linear of ``model`` (fp32 on the CPU, in_features % 8 == 0) to the kernel
+    for few-row calls and group the projections of GROUPS; returns how many layers were switched (0
+    when the kernel is unavailable)."""
+    if library() is None:
+        return 0
+    switched = 0
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.weight.dtype == torch.float32 and not module.weight.is_cuda
+                and module.in_features % 8 == 0
+                and (module.bias is None or module.bias.dtype == torch.float32)):
+            module.__class__ = SmallRowsLinear
+            module._pack()
+            switched += 1
+    with torch.no_grad():
+        for module in model.modules():
+            for names in GROUPS:
+                layers = tuple(getattr(module, name, None) for name in names)
+                if Group.compatible(layers):
+                    Group(layers)
+    return switched
+
+
+def status(model: nn.Module | None = None) -> str:
+    """One line: whether the kernel is in use (for ``model``: how many layers, bf16 or fp32 weights)."""
+    if library() is None:
+        return f"off ({_reason})"
+    if model is None:
+        return "available"
+    layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
+    if not layers:
+        return "available, not applied to this model"
+    bf16 = sum(m.packed.dtype == torch.bfloat16 for m in layers)
+    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights, <= {MAX_ROWS} rows)"
