@@ -62,6 +62,17 @@ def test_matched_budget_is_verified_nodes():
     assert parse_variant("hf_assisted", spec).num_drafts == 4 and not parse_variant("tree:s3_k2_d5", spec).batchable
 
 
+def test_self_variants_can_sweep_the_exit_layer():
+    spec = BenchConfig().spec  # exit_layer 2, budget 5
+    assert parse_variant("self", spec).spec.exit_layer == 2
+    swept = parse_variant("self@5", spec)
+    assert (swept.name, swept.spec.exit_layer, swept.spec.gamma, swept.spec.drafter) == ("self@5", 5, 4, "early_exit")
+    assert parse_variant("self:3@1", spec).spec.gamma == 3 and parse_variant("self:3@1", spec).spec.exit_layer == 1
+    for bad in ("self@0", "self@x", "chain@2"):
+        with pytest.raises(VerispecError):
+            parse_variant(bad, spec)
+
+
 def test_bench_flags_override_defaults_only_when_given():
     from verispec.bench.cli import overrides_from_args
     from verispec.cli import build_parser

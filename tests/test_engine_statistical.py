@@ -66,8 +66,9 @@ def agreement(expected: dict, counts: dict) -> tuple[float, float, float]:
     big = [k for k, v in expected.items() if v * n >= 5]
     observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
     predicted = [expected[k] * n for k in big] + [n - sum(expected[k] * n for k in big)]
-    if predicted[-1] < 1e-9:
+    if predicted[-1] < 1e-9:  # no mass outside the big cells (up to float32 rounding of the probabilities)
         observed, predicted = observed[:-1], predicted[:-1]
+        predicted = [value * n / sum(predicted) for value in predicted]  # sums agree as chisquare requires
     p_value = chisquare(observed, predicted).pvalue
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - v) for k, v in expected.items())
     mean_tv = sum(math.sqrt(v * (1 - v) / (2 * math.pi * n)) for v in expected.values())

@@ -353,7 +353,7 @@ def _run_profile(args) -> int:
     curve = " ".join(f"{n}:{data['verify_ms'][str(n)] / data['decode_ms']:.2f}" for n in (2, 4, 8, 16, 32)
                      if str(n) in data["verify_ms"])
     print(f"decode {data['decode_ms']:.2f} ms; draft {data.get('draft_ms', float('nan')):.2f} ms/token; "
-          f"verify(n)/decode: {curve}; profile written to {args.out}")
+          f"verify(n)/decode: {curve}; few-row kernel {data['small_m_kernel']}; profile written to {args.out}")
     return 0
 
 

@@ -138,8 +138,10 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
             max_positions: int = 32, repeats: int = 15, tree_shapes=DEFAULT_TREE_SHAPES,
             progress=None) -> dict:
     steps = list(range(1, max_positions + 1))
+    from verispec import kernels
+
     result = {"context": context, "repeats": repeats, "threads": torch.get_num_threads(),
-              "verify_ms": {}, "tree_verify_ms": {}}
+              "small_m_kernel": kernels.status(target), "verify_ms": {}, "tree_verify_ms": {}}
     for n in (progress(steps) if progress else steps):
         result["verify_ms"][str(n)] = measure_forward_ms(target, n, context, repeats)
     result["decode_ms"] = result["verify_ms"]["1"]

@@ -192,10 +192,18 @@ QUICK_PRESET = {
 
 
 def parse_variant(name: str, spec: SpecSettings) -> Variant:
-    """``off | chain[:G] | tree:SHAPE | ngram[:G] | self[:G] | hf | hf_assisted | hf_prompt_lookup``.
-    Chains default to G = budget - 1 drafts, i.e. the same D verified nodes per round as the trees."""
+    """``off | chain[:G] | tree:SHAPE | ngram[:G] | self[:G][@E] | hf | hf_assisted | hf_prompt_lookup``.
+    Chains default to G = budget - 1 drafts, i.e. the same D verified nodes per round as the trees;
+    ``self@E`` drafts from exit layer E (default: spec.exit_layer), so one run can sweep E."""
     gamma = spec.budget - 1
     head, _, arg = name.partition(":")
+    exit_layer = spec.exit_layer
+    if name.startswith("self") and "@" in name:
+        name_part, _, exit_text = name.partition("@")
+        head, _, arg = name_part.partition(":")
+        if head != "self" or not exit_text.isdigit() or int(exit_text) < 1:
+            raise VerispecError(f"bad variant {name!r}: write self@E or self:G@E with exit layer E >= 1")
+        exit_layer = int(exit_text)
     try:
         if name == "off":
             return Variant(name, "native", SpecConfig(method="none"))
@@ -203,7 +211,7 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
             gamma = int(arg) if arg else gamma
             drafter = {"chain": "model", "ngram": "ngram", "self": "early_exit"}[head]
             config = SpecConfig(method="chain", gamma=gamma, drafter=drafter, ngram_max=spec.ngram_max,
-                                ngram_min=spec.ngram_min, exit_layer=spec.exit_layer)
+                                ngram_min=spec.ngram_min, exit_layer=exit_layer)
             return Variant(name, "native", config, None, gamma, gamma + 1, gamma + 1 == spec.budget)
         if head == "tree" and arg:
             shape = TreeShape.parse(arg)
@@ -216,7 +224,7 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
     except ValueError:
         pass
     raise VerispecError(f"unknown variant {name!r}; use off, chain[:G], tree:sN_kK_dD, tree:dynamic:D, ngram[:G], "
-                        "self[:G], hf, hf_assisted or hf_prompt_lookup")
+                        "self[:G][@E], hf, hf_assisted or hf_prompt_lookup")
 
 
 def _validate(config: BenchConfig) -> None:

@@ -65,6 +65,10 @@ def model_facts(model, directory: Path | None) -> dict:
         "kv_bytes_per_token": kv_bytes_per_token(model),
         "max_context": getattr(model.config, "max_context", None),
     }
+    if module is not None:
+        from verispec import kernels
+
+        facts["small_m_kernel"] = kernels.status(module)
     return facts
 
 
