@@ -113,6 +113,8 @@ def test_summary_matches_hand_computed_values():
     itl = s["latency_ms"]["itl"]  # pooled [0, 0.2, 0.4, 0.6]: linear interpolation, numpy's default
     assert itl["median"] == pytest.approx(300) and itl["p95"] == pytest.approx(400 + 0.85 * 200)
     assert s["latency_ms"]["e2e"]["n"] == 2  # latency over ok requests only
+    tpot = s["latency_ms"]["tpot"]  # (1.0 - 0.1) / 9 = 100 ms and (2.0 - 0.3) / 5 = 340 ms per token
+    assert tpot["n"] == 2 and tpot["median"] == pytest.approx(220)
     acc = s["acceptance"]
     assert acc["acceptance_rate"] == pytest.approx(7 / 12) and acc["committed_per_round"] == pytest.approx(14 / 6)
     assert acc["tree_nodes_per_round"] == pytest.approx(2.0)

@@ -37,6 +37,9 @@ DEFINITIONS = {
     "ttft": "offline: request admitted -> first token; serving: request sent -> first non-empty chunk",
     "itl": "gap before each token after the first; a chunk of n tokens: one gap and n - 1 zeros",
     "chunk_gap": "gap between consecutive emitted chunks",
+    "tpot": "time per output token after the first, per request: (e2e - TTFT) / (output tokens - 1); the "
+            "per-token latency a reader of the stream sees on average (ITL's median is 0 once most tokens "
+            "arrive inside multi-token chunks)",
     "latency_population": "ok requests, pooled over repeats",
     "speedup": "variant tokens/s / baseline tokens/s at the same load, per repeat; median over repeats",
     "accuracy": "math: the first 'The answer is N' equals the reference; failed requests count as wrong",
@@ -129,6 +132,8 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
         "ttft": _dist([1e3 * r.ttft_s for r in ok if r.ttft_s is not None]),
         "itl": _dist([1e3 * g for r in ok for g in r.token_gaps_s]),
         "chunk_gap": _dist([1e3 * g for r in ok for g in r.chunk_gaps_s]),
+        "tpot": _dist([1e3 * (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
+                       if r.e2e_s is not None and r.ttft_s is not None and r.output_tokens > 1]),
         "e2e": _dist([1e3 * r.e2e_s for r in ok if r.e2e_s is not None]),
     }
     out["acceptance"] = acceptance(ok)

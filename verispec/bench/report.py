@@ -37,7 +37,8 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
-def _pct(dist: dict) -> str:
+def _pct(dist: dict | None) -> str:
+    dist = dist or {}
     return f"{fmt(dist.get('median'), 1)} / {fmt(dist.get('p95'), 1)}"
 
 
@@ -98,9 +99,10 @@ def _mode(section: dict, mode: str, images: dict[str, str]) -> list[Block]:
     low = _lowest_load(rows)
     blocks.append(("h3", f"Latency at low load ({low})"))
     blocks.append(("table", ["variant", "ok/requests", "TTFT ms p50/p95", "ITL ms p50/p95", "chunk gap ms p50/p95",
-                             "e2e ms p50/p95", "tokens/s"] + [f"per-prompt speedup vs {r}" for r in refs],
+                             "TPOT ms p50/p95", "e2e ms p50/p95", "tokens/s"] + [f"per-prompt speedup vs {r}" for r in refs],
                    [[r["variant"], f"{r['ok']}/{r['requests']}", _pct(r["latency_ms"]["ttft"]),
-                     _pct(r["latency_ms"]["itl"]), _pct(r["latency_ms"]["chunk_gap"]), _pct(r["latency_ms"]["e2e"]),
+                     _pct(r["latency_ms"]["itl"]), _pct(r["latency_ms"]["chunk_gap"]),
+                     _pct(r["latency_ms"].get("tpot")), _pct(r["latency_ms"]["e2e"]),
                      fmt(r["tokens_per_s"], 1)] + [fmt(r["per_prompt_speedup_vs"].get(ref), 2, "x") for ref in refs]
                     for r in rows if r["load"] == low]))
     blocks.append(("h3", "Throughput by load"))
