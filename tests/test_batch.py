@@ -87,6 +87,26 @@ def test_abort_frees_the_row_and_others_continue(models):
     assert len(out["b"]) > 0
 
 
+def _drive(policy, batch, round_seconds, accepted, rounds):
+    """Run ``rounds`` rounds of a simulated machine; returns the gammas the policy chose."""
+    chosen = []
+    for _ in range(rounds):
+        gamma = policy.choose(batch)
+        chosen.append(gamma)
+        policy.observe(batch, gamma, round_seconds(gamma), [min(gamma, accepted)] * batch, [gamma] * batch)
+    return chosen
+
+
+def test_adaptive_policy_climbs_only_while_a_larger_gamma_pays():
+    # Large batch: every verified position costs a full step, one draft in two accepted: gamma 1 loses
+    # to plain decoding, so gamma >= 2 is never paid for (until the periodic neighbour re-measure).
+    expensive = _drive(AdaptiveGamma(max_gamma=8, explore_every=50), 64, lambda g: 0.01 * (1 + g), 0, 40)
+    assert expensive[:2] == [0, 1] and set(expensive) == {0, 1} and expensive[-10:] == [0] * 10
+    # Nearly free verification and every draft accepted: it climbs to the largest candidate and stays.
+    cheap = _drive(AdaptiveGamma(max_gamma=8, explore_every=50), 1, lambda g: 0.01 + 0.0005 * g, 8, 20)
+    assert cheap[:7] == [0, 1, 2, 3, 4, 6, 8] and cheap[-5:] == [8] * 5
+
+
 def test_adaptive_policy_switches_off_when_verification_is_expensive():
     policy = AdaptiveGamma(max_gamma=4, candidates=(0, 2, 4))
     for _ in range(3):  # measured: every extra verified position costs a full step, acceptance is poor

@@ -8,8 +8,10 @@ all buckets. It predicts committed tokens per second for each gamma as
 
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
-Untried candidates are tried once per bucket; every ``explore_every`` rounds a neighbour of the
-current best is re-measured so the estimates track the machine.
+A new bucket climbs the candidates from gamma 0 upwards, trying the next one only while the largest
+tried so far is the best (the rate is unimodal in gamma in practice), so a large batch never pays
+for a round at gamma 8 once gamma 1 has lost to plain decoding. Every ``explore_every`` rounds a
+neighbour of the current best is re-measured so the estimates track the machine.
 
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
@@ -55,10 +57,14 @@ class AdaptiveGamma:
         bucket = self.bucket(batch_size)
         count = self.rounds_in_bucket.get(bucket, 0)
         self.rounds_in_bucket[bucket] = count + 1
-        untried = [g for g in self.candidates if (bucket, g) not in self.round_seconds]
-        if untried:
-            return untried[0]
-        best = max(self.candidates, key=lambda g: self.predicted_rate(batch_size, g) or 0.0)
+        tried = [g for g in self.candidates if (bucket, g) in self.round_seconds]
+        rate = lambda g: self.predicted_rate(batch_size, g) or 0.0
+        if not tried:
+            return self.candidates[0]
+        larger = [g for g in self.candidates if g > max(tried) and (bucket, g) not in self.round_seconds]
+        if larger and max(tried, key=rate) == max(tried):
+            return larger[0]  # climb while each larger gamma is the best so far
+        best = max(tried, key=rate)
         if count and count % self.explore_every == 0:
             index = self.candidates.index(best)
             neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
