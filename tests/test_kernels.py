@@ -153,3 +153,16 @@ def test_build_failure_is_reported_not_raised(monkeypatch, tmp_path):
         monkeypatch.undo()
         kernels.library.cache_clear()
     assert kernels.library() is not None
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_native_rms_norm_matches_torch(rows):
+    weight = torch.randn(384)
+    x = torch.randn(1, rows, 384) * 3
+    got = kernels.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(got, F.rms_norm(x, (384,), weight, 1e-5), rtol=1e-5, atol=1e-5)
+    # Not applicable (the caller falls back to torch): too many rows, autograd, odd sizes, other dtypes.
+    assert kernels.rms_norm(torch.randn(kernels.MAX_ROWS + 1, 384), weight, 1e-5) is None
+    assert kernels.rms_norm(x, weight.clone().requires_grad_(), 1e-5) is None
+    assert kernels.rms_norm(torch.randn(2, 12), torch.randn(12), 1e-5) is None
+    assert kernels.rms_norm(x.double(), weight.double(), 1e-5) is None

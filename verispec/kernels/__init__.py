@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
 MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
 
 _reason = "not built yet"
@@ -93,6 +93,8 @@ def library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.restype = None
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
     _reason = ""
     return lib
 
@@ -108,6 +110,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     function = lib.linear_bf16 if weight.dtype == torch.bfloat16 else lib.linear_f32
     function(x.data_ptr(), weight.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr(),
              rows, in_features, out_features, torch.get_num_threads())
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """``F.rms_norm(x, weight.shape, weight, eps)`` in one native call for few fp32 CPU rows without
+    autograd; None when that does not apply (the caller uses torch's)."""
+    size = weight.shape[-1]
+    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.is_cuda or size % 8
+            or x.numel() > MAX_ROWS * size or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            or library() is None):
+        return None
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    library().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, eps)
     return out
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec import kernels
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError
 from verispec.kernels import accelerate, joined_projection, projections
@@ -129,8 +130,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the same formula as below, fused
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if x.dtype == torch.float32:  # the same formula as below, fused (natively for few rows)
+            native = kernels.rms_norm(x, self.weight, self.eps)
+            return native if native is not None else F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
