@@ -107,6 +107,14 @@ def test_adaptive_policy_climbs_only_while_a_larger_gamma_pays():
     assert cheap[:7] == [0, 1, 2, 3, 4, 6, 8] and cheap[-5:] == [8] * 5
 
 
+def test_adaptive_policy_backs_off_re_measuring_a_losing_neighbour():
+    chosen = _drive(AdaptiveGamma(max_gamma=8, explore_every=10), 64, lambda g: 0.01 * (1 + g), 0, 2000)
+    explored = [i for i, g in enumerate(chosen) if g != 0 and i > 1]  # re-measures of gamma 1
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert explored and gaps == sorted(gaps) and gaps[-1] >= 320  # intervals double (capped at 64x)
+    assert len(explored) <= 10  # ~0.5% of 2000 rounds, instead of one in ten
+
+
 def test_adaptive_policy_switches_off_when_verification_is_expensive():
     policy = AdaptiveGamma(max_gamma=4, candidates=(0, 2, 4))
     for _ in range(3):  # measured: every extra verified position costs a full step, acceptance is poor

@@ -10,8 +10,11 @@ and picks the best; gamma 0 (plain decoding) is a candidate, so speculation swit
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
 A new bucket climbs the candidates from gamma 0 upwards, trying the next one only while the largest
 tried so far is the best (the rate is unimodal in gamma in practice), so a large batch never pays
-for a round at gamma 8 once gamma 1 has lost to plain decoding. Every ``explore_every`` rounds a
-neighbour of the current best is re-measured so the estimates track the machine.
+for a round at gamma 8 once gamma 1 has lost to plain decoding. A neighbour of the current best is
+re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
+rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
+that keeps losing costs a vanishing share of rounds (a re-measure after a long stretch at gamma 0 is
+expensive: the draft first catches up on every token it has not seen).
 
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
@@ -33,6 +36,10 @@ class AdaptiveGamma:
         self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
         self.accepted = [0] * (max(self.candidates) + 1)
         self.rounds_in_bucket: dict[int, int] = {}
+        self.last_best: dict[int, int] = {}  # per bucket: the best gamma when last checked
+        self.interval: dict[int, int] = {}  # per bucket: rounds until the next neighbour re-measure
+        self.next_explore: dict[int, int] = {}
+        self.explorations: dict[int, int] = {}
 
     @staticmethod
     def bucket(batch_size: int) -> int:
@@ -65,10 +72,20 @@ class AdaptiveGamma:
         if larger and max(tried, key=rate) == max(tried):
             return larger[0]  # climb while each larger gamma is the best so far
         best = max(tried, key=rate)
-        if count and count % self.explore_every == 0:
+        if best != self.last_best.get(bucket):  # a new best: re-measure its neighbours soon again
+            self.last_best[bucket] = best
+            self.interval[bucket] = self.explore_every
+            self.next_explore[bucket] = count + self.explore_every
+        if count >= self.next_explore.get(bucket, self.explore_every):
+            # Re-measure a neighbour of the best, backing off (doubling the interval) while the best
+            # stays the same: a neighbour that keeps losing costs ever fewer rounds.
+            interval = self.interval.get(bucket, self.explore_every)
+            self.next_explore[bucket] = count + 2 * interval
+            self.interval[bucket] = min(2 * interval, self.explore_every * 64)
+            self.explorations[bucket] = self.explorations.get(bucket, 0) + 1
             index = self.candidates.index(best)
             neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
-            return neighbours[(count // self.explore_every) % len(neighbours)]
+            return neighbours[self.explorations[bucket] % len(neighbours)]
         return best
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],

@@ -332,7 +332,7 @@ def _run_profile(args) -> int:
     if args.max_positions < 2 or args.repeats < 1 or args.context < 1:
         raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1")
     pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend)
-    bar = lambda items: tqdm(items, desc="verify curve", unit="n", file=sys.stderr)
+    bar = lambda items: tqdm(items, desc="verify curve", unit="pass", file=sys.stderr)
     data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar)
     data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)
     if args.calibrate:

@@ -57,14 +57,36 @@ def _prefilled_cache(model: LlamaForCausalLM, context: int, extra: int):
 def measure_forward_ms(model: LlamaForCausalLM, positions: int, context: int, repeats: int,
                        tree: TokenTree | None = None) -> float:
     """Median ms of one forward over ``positions`` new tokens after ``context`` committed ones."""
-    cache = _prefilled_cache(model, context, positions)
-    tokens = torch.randint(0, model.config.vocab_size, (1, positions))
-    kwargs = {}
-    if tree is not None:
-        buffers = tree.compile()
-        kwargs = {"tree_mask": buffers.ancestor_mask, "depths": buffers.depths}
-    model.forward(tokens, cache, **kwargs)  # warm-up
-    return _median_ms(lambda: model.forward(tokens, cache, **kwargs), repeats)
+    return measure_interleaved(model, {"unit": (positions, tree)}, context, repeats)["unit"]
+
+
+def measure_interleaved(model: LlamaForCausalLM, units: dict[str, tuple[int, TokenTree | None]], context: int,
+                        repeats: int, progress=None) -> dict[str, float]:
+    """Median ms of one forward per unit (name -> (new positions, tree or None for a chain)), all after
+    the same ``context``-token prefix. Every pass times each unit once, in an order rotated per pass,
+    so slow drifts of the machine (frequency, cache contents, other jobs) hit every unit alike instead
+    of bending the curve between neighbouring positions."""
+    names = list(units)
+    cache = _prefilled_cache(model, context, max(positions for positions, _ in units.values()))
+    calls = {}
+    for name, (positions, tree) in units.items():
+        tokens = torch.randint(0, model.config.vocab_size, (1, positions))
+        kwargs = {}
+        if tree is not None:
+            buffers = tree.compile()
+            kwargs = {"tree_mask": buffers.ancestor_mask, "depths": buffers.depths}
+        calls[name] = (tokens, kwargs)
+        model.forward(tokens, cache, **kwargs)  # warm-up (nothing is committed)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    passes = range(repeats)
+    for index in (progress(passes) if progress else passes):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            tokens, kwargs = calls[name]
+            began = time.perf_counter()
+            model.forward(tokens, cache, **kwargs)
+            times[name].append(1e3 * (time.perf_counter() - began))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def static_tree(shape: TreeShape) -> TokenTree:
@@ -142,12 +164,14 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
 
     result = {"context": context, "repeats": repeats, "threads": torch.get_num_threads(),
               "small_m_kernel": kernels.status(target), "verify_ms": {}, "tree_verify_ms": {}}
-    for n in (progress(steps) if progress else steps):
-        result["verify_ms"][str(n)] = measure_forward_ms(target, n, context, repeats)
-    result["decode_ms"] = result["verify_ms"]["1"]
+    units = {str(n): (n, None) for n in steps}
     for name in tree_shapes:
         tree = static_tree(TreeShape.parse(name))
-        result["tree_verify_ms"][name] = measure_forward_ms(target, len(tree.parents), context, repeats, tree)
+        units[name] = (len(tree.parents), tree)
+    measured = measure_interleaved(target, units, context, repeats, progress)
+    result["verify_ms"] = {str(n): measured[str(n)] for n in steps}
+    result["tree_verify_ms"] = {name: measured[name] for name in tree_shapes}
+    result["decode_ms"] = result["verify_ms"]["1"]
     if draft is not None:
         result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats)
     result.update(measure_state_ms(target, context, repeats))
