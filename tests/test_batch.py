@@ -107,6 +107,21 @@ def test_adaptive_policy_climbs_only_while_a_larger_gamma_pays():
     assert cheap[:7] == [0, 1, 2, 3, 4, 6, 8] and cheap[-5:] == [8] * 5
 
 
+def test_adaptive_policy_caps_a_larger_batch_by_the_smaller_batch_decision():
+    policy = AdaptiveGamma(max_gamma=8, explore_every=50)
+    _drive(policy, 4, lambda g: 0.01 * (1 + g), 0, 5)  # batch 4: speculation loses, decided gamma 0
+    assert policy.last_best[4] == 0
+    # Batch 8 on a machine where gamma 1 would look marginally better: capped at 0, no climb at all.
+    assert set(_drive(policy, 8, lambda g: 0.01 * (1 + 0.4 * g), 1, 20)) == {0}
+
+
+def test_adaptive_policy_needs_a_margin_to_leave_plain_decoding():
+    # Every draft accepted (E[N] = 2 at gamma 1) but a gamma-1 round costs 1.96 plain rounds: gamma 1
+    # is predicted 2% faster than plain decoding, within the 3% margin, so plain decoding is kept.
+    chosen = _drive(AdaptiveGamma(max_gamma=8, explore_every=50), 2, lambda g: 0.01 * (1 + 0.96 * g), 1, 20)
+    assert chosen[:2] == [0, 1] and chosen[-10:] == [0] * 10
+
+
 def test_adaptive_policy_backs_off_re_measuring_a_losing_neighbour():
     chosen = _drive(AdaptiveGamma(max_gamma=8, explore_every=10), 64, lambda g: 0.01 * (1 + g), 0, 2000)
     explored = [i for i, g in enumerate(chosen) if g != 0 and i > 1]  # re-measures of gamma 1

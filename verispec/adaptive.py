@@ -9,8 +9,11 @@ all buckets. It predicts committed tokens per second for each gamma as
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
 A new bucket climbs the candidates from gamma 0 upwards, trying the next one only while the largest
-tried so far is the best (the rate is unimodal in gamma in practice), so a large batch never pays
-for a round at gamma 8 once gamma 1 has lost to plain decoding. A neighbour of the current best is
+tried so far is the best (the rate is unimodal in gamma in practice) and never past the best gamma of
+the nearest smaller bucket already decided (verifying extra positions costs relatively more as the
+batch grows), so a large batch never pays for a round at gamma 8 once gamma 1 has lost to plain
+decoding. Speculation is chosen only when its predicted rate beats plain decoding's by ``margin``
+(3%): measured round times are noisy, and a tie should not cost the draft's work. A neighbour of the current best is
 re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
 that keeps losing costs a vanishing share of rounds (a re-measure after a long stretch at gamma 0 is
@@ -29,9 +32,9 @@ DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
-                 explore_every: int = 50, smoothing: float = 0.2):
+                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
-        self.explore_every, self.smoothing = explore_every, smoothing
+        self.explore_every, self.smoothing, self.margin = explore_every, smoothing, margin
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
         self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
         self.accepted = [0] * (max(self.candidates) + 1)
@@ -68,10 +71,13 @@ class AdaptiveGamma:
         rate = lambda g: self.predicted_rate(batch_size, g) or 0.0
         if not tried:
             return self.candidates[0]
-        larger = [g for g in self.candidates if g > max(tried) and (bucket, g) not in self.round_seconds]
-        if larger and max(tried, key=rate) == max(tried):
-            return larger[0]  # climb while each larger gamma is the best so far
         best = max(tried, key=rate)
+        if best and 0 in tried and rate(best) < (1 + self.margin) * rate(0):
+            best = 0  # speculation must clearly beat plain decoding to be chosen
+        larger = [g for g in self.candidates if max(tried) < g <= self._cap(bucket)
+                  and (bucket, g) not in self.round_seconds]
+        if larger and best == max(tried):
+            return larger[0]  # climb while each larger gamma is the best so far
         if best != self.last_best.get(bucket):  # a new best: re-measure its neighbours soon again
             self.last_best[bucket] = best
             self.interval[bucket] = self.explore_every
@@ -87,6 +93,12 @@ class AdaptiveGamma:
             neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
             return neighbours[self.explorations[bucket] % len(neighbours)]
         return best
+
+    def _cap(self, bucket: int) -> int:
+        """The largest gamma worth climbing to in ``bucket``: the best of the nearest smaller bucket
+        already decided (extra verified positions cost relatively more as the batch grows), else any."""
+        smaller = [b for b in self.last_best if b < bucket]
+        return self.last_best[max(smaller)] if smaller else max(self.candidates)
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
                 drafted_per_row: list[int]) -> None:
