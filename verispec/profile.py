@@ -15,7 +15,8 @@ Measured (medians of interleaved repeats, milliseconds):
 The planner (``plan_from_profile``) combines them with the cost model: for each gamma,
 cycle = gamma * draft_ms + verify_ms[gamma + 1] + state_ms, E[N] from the measured acceptance, and
 predicted speedup = decode_ms / (cycle / E[N]). With in-situ costs, those replace the isolated ones and
-the verify curve is scaled to the in-situ verify time at the calibration gamma. The in-situ costs are
+the verify curve is mapped affinely onto them (1 position -> in-situ plain decoding, the calibration
+width -> in-situ verify time), so the profile gives only its shape. The in-situ costs are
 measured right next to the runs they predict and include what a real round pays around the forwards;
 the first planner check, on isolated costs alone, predicted every gamma 15-25% too high (why the two
 drifted apart, machine state or cache effects, was not isolated).
@@ -195,9 +196,15 @@ def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None,
         # The profile gives the verify curve's shape; the in-situ run at the calibration gamma gives
         # its level, and the draft, overhead and plain-decoding costs as a real loop pays them. One
         # position is a plain decoding step (gamma 0 is plain decoding: speedup 1 exactly).
-        scale = in_situ["verify_ms"] / verify[calibration["gamma"] + 1]
-        costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=in_situ["decode_ms"])
-        verify = {n: in_situ["decode_ms"] if n == 1 else scale * ms for n, ms in verify.items()}
+        # Affine map of the profiled curve through both in-situ anchors: 1 position -> in-situ plain
+        # decoding, the calibration width -> in-situ verify. (Scaling by the top anchor alone put short
+        # verifications below a plain decoding step and made small gammas look 10-20% too good.)
+        width = calibration["gamma"] + 1
+        low, high = in_situ["decode_ms"], in_situ["verify_ms"]
+        span = verify[width] - verify[1]
+        slope = (high - low) / span if span > 0 else 1.0
+        costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=low)
+        verify = {n: low + slope * (ms - verify[1]) for n, ms in verify.items()}
     return costmodel.sweep(range(0, top + 1), verify_ms=lambda n: verify[n], acceptance=acceptance, **costs)
 
 
