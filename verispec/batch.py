@@ -198,8 +198,14 @@ class BatchEngine:
         unseen = [s.context[len(s.draft_seen):] for s in self.rows]
         width = max(len(u) for u in unseen)
         fed = torch.tensor([u + [u[-1]] * (width - len(u)) for u in unseen])  # pad at the end (never committed)
-        logits = self.draft.forward(fed, view).cpu()  # (B, width, V)
-        last = logits[torch.arange(len(unseen)), torch.tensor([len(u) - 1 for u in unseen])]  # (B, V)
+        ends = torch.tensor([len(u) - 1 for u in unseen])
+        if hasattr(self.draft, "run_layers"):  # native: the LM head only at each row's last fed token
+            with torch.inference_mode():
+                config = self.draft.config
+                hidden = self.draft.run_layers(self.draft.embed(fed), view, 0, config.num_hidden_layers)
+                last = self.draft.logits(hidden[torch.arange(len(unseen)), ends.to(hidden.device)]).cpu()  # (B, V)
+        else:
+            last = self.draft.forward(fed, view).cpu()[torch.arange(len(unseen)), ends]  # (B, V)
         for row, tokens in enumerate(unseen):
             view.commit(row, len(tokens))
             self.rows[row].draft_seen.extend(tokens)
