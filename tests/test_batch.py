@@ -122,6 +122,15 @@ def test_adaptive_policy_needs_a_margin_to_leave_plain_decoding():
     assert chosen[:2] == [0, 1] and chosen[-10:] == [0] * 10
 
 
+def test_adaptive_rate_uses_the_rows_its_rounds_ran_with():
+    policy = AdaptiveGamma(max_gamma=4, candidates=(0, 1))
+    policy.observe(8, 0, 0.08, [0] * 8, [0] * 8)  # 8 rows, plain: 100 tokens/s
+    policy.observe(5, 1, 0.06, [1, 0, 1, 0, 1], [1] * 5)  # 5 rows of the same bucket, gamma 1
+    assert policy.predicted_rate(8, 0) == pytest.approx(100.0)
+    # E[N] = 1 + 3/5 = 1.6 committed per row and round, over the 5 rows it was measured with.
+    assert policy.predicted_rate(8, 1) == pytest.approx(5 * 1.6 / 0.06)
+
+
 def test_adaptive_policy_backs_off_re_measuring_a_losing_neighbour():
     chosen = _drive(AdaptiveGamma(max_gamma=8, explore_every=10), 64, lambda g: 0.01 * (1 + g), 0, 2000)
     explored = [i for i, g in enumerate(chosen) if g != 0 and i > 1]  # re-measures of gamma 1

@@ -4,7 +4,9 @@
 the wall time of a round for each candidate gamma, plus per-position conditional acceptance shared by
 all buckets. It predicts committed tokens per second for each gamma as
 
-    rows * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ... (costmodel)
+    rows(bucket, gamma) * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ...
+
+(rows: the moving average of the batch sizes those rounds ran with; E[N] as in costmodel)
 
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
@@ -36,6 +38,7 @@ class AdaptiveGamma:
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.smoothing, self.margin = explore_every, smoothing, margin
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
+        self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
         self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
         self.accepted = [0] * (max(self.candidates) + 1)
         self.rounds_in_bucket: dict[int, int] = {}
@@ -57,11 +60,16 @@ class AdaptiveGamma:
         return [self.accepted[i] / self.reached[i] if self.reached[i] else 0.5 for i in range(1, len(self.reached))]
 
     def predicted_rate(self, batch_size: int, gamma: int) -> float | None:
-        seconds = self.round_seconds.get((self.bucket(batch_size), gamma))
+        """Committed tokens per second of ``gamma`` in ``batch_size``'s bucket, at the batch sizes its
+        rounds were measured with (a bucket spans up to 2x in rows, and a round's time grows with its
+        rows, so projecting every gamma onto the current batch size would favour whichever gamma
+        happened to be measured on fewer rows)."""
+        key = (self.bucket(batch_size), gamma)
+        seconds = self.round_seconds.get(key)
         if seconds is None or seconds <= 0:
             return None
         tokens = expected_tokens(gamma, acceptance=self.acceptance()) if gamma else 1.0
-        return batch_size * tokens / seconds
+        return self.round_rows[key] * tokens / seconds
 
     def choose(self, batch_size: int) -> int:
         bucket = self.bucket(batch_size)
@@ -106,6 +114,8 @@ class AdaptiveGamma:
         key = (self.bucket(batch_size), gamma)
         old = self.round_seconds.get(key)
         self.round_seconds[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        rows = self.round_rows.get(key)
+        self.round_rows[key] = batch_size if rows is None else (1 - self.smoothing) * rows + self.smoothing * batch_size
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
             for position in range(1, min(drafted, accepted + 1) + 1):  # positions that were tested
                 self.reached[position] += 1
