@@ -163,3 +163,21 @@ def test_gamma_policies_keep_greedy_outputs(models, policy_name):
         result = engine.generate(PROMPT, GREEDY, spec, StopRules(max_tokens=40))
         assert result.tokens == plain(target).tokens
     assert len({r.drafted for r in result.stats.rounds}) > 1  # gamma really changed between rounds
+
+
+def test_common_prefix_length_matches_a_plain_scan():
+    import random
+
+    from verispec.drafters.base import common_prefix_length
+
+    def scan(a, b):
+        n = min(len(a), len(b))
+        return next((i for i in range(n) if a[i] != b[i]), n)
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 12))]
+        b = [rng.randint(0, 2) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            b = a[:rng.randint(0, len(a))] + b  # share a prefix often, as caches and contexts do
+        assert common_prefix_length(a, b) == scan(a, b)

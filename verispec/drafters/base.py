@@ -49,7 +49,13 @@ class Drafter(Protocol):
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     """How many leading tokens two sequences share: how much of a drafter's cache stays valid."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:  # the usual case (a cache that is a prefix of the context): one C-level compare
+        return n
+    low, high = 0, n - 1  # a[:low] == b[:low] and a[:high + 1] != b[:high + 1]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
