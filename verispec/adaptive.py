@@ -15,7 +15,9 @@ tried so far is the best (the rate is unimodal in gamma in practice) and never p
 the nearest smaller bucket already decided (verifying extra positions costs relatively more as the
 batch grows), so a large batch never pays for a round at gamma 8 once gamma 1 has lost to plain
 decoding. Speculation is chosen only when its predicted rate beats plain decoding's by ``margin``
-(3%): measured round times are noisy, and a tie should not cost the draft's work. A neighbour of the current best is
+(3%): measured round times are noisy, and a tie should not cost the draft's work. For the same
+reason a candidate is judged on the mean of its first ``min_samples`` (3) rounds in a bucket, not on
+one round; after that its time is an exponential moving average. A neighbour of the current best is
 re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
 that keeps losing costs a vanishing share of rounds (a re-measure after a long stretch at gamma 0 is
@@ -34,9 +36,11 @@ DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
-                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03):
+                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03, min_samples: int = 3):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.smoothing, self.margin = explore_every, smoothing, margin
+        self.min_samples = min_samples
+        self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds observed
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
         self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
         self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
@@ -75,6 +79,9 @@ class AdaptiveGamma:
         bucket = self.bucket(batch_size)
         count = self.rounds_in_bucket.get(bucket, 0)
         self.rounds_in_bucket[bucket] = count + 1
+        sampling = [g for g in self.candidates if 0 < self.samples.get((bucket, g), 0) < self.min_samples]
+        if sampling:
+            return sampling[0]  # judge a candidate on the mean of min_samples rounds, not on one round
         tried = [g for g in self.candidates if (bucket, g) in self.round_seconds]
         rate = lambda g: self.predicted_rate(batch_size, g) or 0.0
         if not tried:
@@ -112,10 +119,12 @@ class AdaptiveGamma:
                 drafted_per_row: list[int]) -> None:
         """Record one round: its wall time and, per row, accepted and proposed drafts."""
         key = (self.bucket(batch_size), gamma)
-        old = self.round_seconds.get(key)
-        self.round_seconds[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
-        rows = self.round_rows.get(key)
-        self.round_rows[key] = batch_size if rows is None else (1 - self.smoothing) * rows + self.smoothing * batch_size
+        count = self.samples[key] = self.samples.get(key, 0) + 1
+        weight = max(self.smoothing, 1.0 / count)  # a plain mean of the first rounds, then an EMA
+        old = self.round_seconds.get(key, seconds)
+        self.round_seconds[key] = (1 - weight) * old + weight * seconds
+        rows = self.round_rows.get(key, batch_size)
+        self.round_rows[key] = (1 - weight) * rows + weight * batch_size
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
             for position in range(1, min(drafted, accepted + 1) + 1):  # positions that were tested
                 self.reached[position] += 1
