@@ -113,23 +113,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor) -> bool:
+    """The kernel's domain: at most MAX_ROWS rows of ``width`` fp32 values on the CPU, no autograd."""
+    return (x.dtype == torch.float32 and not x.is_cuda and x.numel() <= MAX_ROWS * width
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *parameters))))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """``F.rms_norm(x, weight.shape, weight, eps)`` in one native call for few fp32 CPU rows without
     autograd; None when that does not apply (the caller uses torch's)."""
     size = weight.shape[-1]
-    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.is_cuda or size % 8
-            or x.numel() > MAX_ROWS * size or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            or library() is None):
+    if weight.dtype != torch.float32 or size % 8 or not _few_rows(x, size, weight) or library() is None:
         return None
     x = x.contiguous()
     out = torch.empty_like(x)
     library().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, eps)
     return out
-
-
-def _eligible(x: torch.Tensor, layer: nn.Linear) -> bool:
-    return (x.numel() <= MAX_ROWS * layer.in_features and x.dtype == torch.float32 and not x.is_cuda
-            and not (layer.weight.requires_grad and torch.is_grad_enabled()))
 
 
 def _pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -148,7 +147,7 @@ class SmallRowsLinear(nn.Linear):
     group: "Group | None" = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _eligible(x, self):
+        if _few_rows(x, self.in_features, self.weight):
             if self.weight._version != self.packed_version:  # weights edited in place since packing
                 self._pack()
             return linear(x, self.packed, self.bias)
@@ -167,6 +166,7 @@ class Group:
         self.packed = torch.cat([layer.packed for layer in layers])
         biases = [layer.bias for layer in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.bias_versions = [None if b is None else b._version for b in biases]
         self.sizes = [layer.out_features for layer in layers]
         offset = 0
         for layer, size in zip(layers, self.sizes):
@@ -179,21 +179,34 @@ class Group:
                 and len({(layer.in_features, layer.packed.dtype, layer.bias is None) for layer in layers}) == 1)
 
     def current(self) -> bool:
-        return all(layer.group is self and layer.weight._version == layer.packed_version for layer in self.layers)
+        """No member was repacked or had its weight or bias edited in place since grouping."""
+        return all(layer.group is self and layer.weight._version == layer.packed_version
+                   and (layer.bias is None or layer.bias._version == version)
+                   for layer, version in zip(self.layers, self.bias_versions))
+
+
+def _ready_group(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> "Group | None":
+    """The group ``accelerate`` made of exactly ``layers``, if the kernel applies to ``x`` and the
+    group's packed weights are current."""
+    group = getattr(layers[0], "group", None)
+    if group is not None and group.layers == layers and _few_rows(x, layers[0].in_features, layers[0].weight) \
+            and group.current():
+        return group
+    return None
 
 
 def projections(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
     """``tuple(layer(x) for layer in layers)``, in one kernel call when ``accelerate`` grouped them."""
-    group = getattr(layers[0], "group", None)
-    if group is not None and group.layers == layers and _eligible(x, layers[0]) and group.current():
+    group = _ready_group(x, layers)
+    if group is not None:
         return linear(x, group.packed, group.bias).split(group.sizes, dim=-1)
     return tuple(layer(x) for layer in layers)
 
 
 def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
     """``torch.cat([layer(x) for layer in layers], -1)``, in one kernel call (no copy) when grouped."""
-    group = getattr(layers[0], "group", None)
-    if group is not None and group.layers == layers and _eligible(x, layers[0]) and group.current():
+    group = _ready_group(x, layers)
+    if group is not None:
         return linear(x, group.packed, group.bias)
     return torch.cat([layer(x) for layer in layers], dim=-1)
 
