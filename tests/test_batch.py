@@ -74,6 +74,59 @@ def test_adaptive_gamma_keeps_greedy_outputs(models, policy):
         assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
 
 
+class Scripted:
+    """A gamma policy that plays a fixed list of gammas, then repeats its last."""
+
+    def __init__(self, gammas):
+        self.gammas, self.round = gammas, 0
+
+    def choose(self, batch_size):
+        self.round += 1
+        return self.gammas[min(self.round, len(self.gammas)) - 1]
+
+    def observe(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=20)], ids=["greedy", "sampled"])
+def test_long_prompts_caught_up_alone_decode_as_alone(models, sampling):
+    """Prompts longer than CATCH_UP_ALONE reach the draft row by row; outputs still match SpecEngine."""
+    target, draft = models
+    rng = random.Random(5)
+    queue = [BatchRequest(str(i), [rng.randrange(64) for _ in range(rng.randrange(17, 40))], sampling,
+                          StopRules(max_tokens=6 + i), seed=i) for i in range(6)]
+    out, _ = run_batched(BatchEngine(target, draft, SpecConfig(gamma=3), max_batch=3), queue)
+    for request in queue:
+        assert out[request.request_id] == alone(target, DraftModelDrafter(draft), request, SpecConfig(gamma=3))
+
+
+def test_rounds_at_gamma_zero_never_run_the_draft(models, monkeypatch):
+    """Held at gamma 0 the batch costs what plain decoding costs: the draft reads nothing. When
+    speculation resumes, the draft catches up on the whole backlog and greedy outputs stay plain."""
+    target, draft = models
+    calls = []
+    original = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(draft, "run_layers", lambda *a, **k: calls.append(1) or type(draft).run_layers(draft, *a, **k))
+    rng = random.Random(6)
+    queue = [BatchRequest(str(i), [rng.randrange(64) for _ in range(rng.randrange(3, 30))], GREEDY,
+                          StopRules(max_tokens=40)) for i in range(4)]
+    engine = BatchEngine(target, draft, SpecConfig(gamma=4), max_batch=4, gamma_policy=Scripted([0] * 25 + [3]))
+    out = {}
+    for request in queue:
+        out[request.request_id] = engine.add(request)[0].tokens
+    for _ in range(25):
+        for event in engine.step():
+            out[event.request_id] += event.tokens
+    assert calls == [] and engine.active == 4
+    while engine.active:
+        for event in engine.step():
+            out[event.request_id] += event.tokens
+    assert calls  # speculation resumed
+    for request in queue:
+        assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
+
+
 def test_abort_frees_the_row_and_others_continue(models):
     target, draft = models
     engine = BatchEngine(target, draft, SpecConfig(gamma=2), max_batch=2)

@@ -117,3 +117,30 @@ def test_target_samples_equal_a_stateless_sampler_and_mix_at_the_set_fraction():
     zeros, ones = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
     mixed = MixedBatches(iter([zeros] * 6), iter([ones] * 2), 0.25)
     assert [int(next(mixed).sum() > 0) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_greedy_target_samples_follow_the_argmax():
+    """With greedy_fraction 1 every generated token is the teacher's argmax given the window so far."""
+    from verispec.train.draft import TargetSamples
+
+    teacher = tiny(seed=4, std=0.3)
+    text = torch.randint(0, teacher.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
+    windows = next(TargetSamples(teacher, iter([text]), prefix_len=4, seed=0, greedy_fraction=1.0))
+    assert torch.equal(windows[:, :4], text[:, :4])
+    with torch.no_grad():
+        logits = teacher.train_forward(windows[:, :-1])[0]
+    assert torch.equal(windows[:, 4:], logits[:, 3:].argmax(-1))
+
+
+def test_grown_draft_starts_equal_to_its_source_and_rejects_a_misfit():
+    from verispec.train.draft import grow_from
+
+    source, grown = tiny(layers=1, seed=5, std=0.2), tiny(layers=2, seed=6, std=0.2)
+    grow_from(grown, source)
+    tokens = repeating_batch()[:, :-1]
+    with torch.no_grad():
+        assert torch.allclose(grown.train_forward(tokens)[0], source.train_forward(tokens)[0], atol=1e-5)
+    assert grown.model.layers[1].self_attn.o_proj.weight.abs().sum() == 0
+    assert grown.model.layers[1].self_attn.q_proj.weight.abs().sum() > 0  # fresh, not zero: it can learn
+    with pytest.raises(ValueError, match="shrink"):
+        grow_from(tiny(layers=1), tiny(layers=2))

@@ -11,7 +11,9 @@ last row moves into its place, so a forward only ever touches the rows in use.
         events += engine.step()      # BatchEvent(request_id, tokens, finish_reason, ...)
 
 Drafts per round come from ``gamma_policy``: fixed (``spec.gamma``) or adaptive to the batch size
-(``verispec.adaptive.AdaptiveGamma``), which switches speculation off where it no longer pays.
+(``verispec.adaptive.AdaptiveGamma``), which switches speculation off where it no longer pays. The
+draft model reads a sequence lazily, when it first drafts for it, so rounds at gamma 0 cost what
+plain decoding costs: no draft prefill, no draft catch-up.
 Chains with a draft model or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
 """
 
@@ -32,6 +34,8 @@ from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
+
+CATCH_UP_ALONE = 16  # a row's draft backlog at least this long is fed alone (see _catch_up_alone)
 
 
 @dataclass
@@ -124,14 +128,8 @@ class BatchEngine:
         sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
                              RequestStats(prompt_tokens=len(request.prompt_ids)), started, started)
         first = sample_from(logits_to_probs(logits, request.sampling), sequence.generator)
-        if self.draft is not None:  # the draft sees the prompt but its last token, like the target
+        if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
             self.draft_cache.set_length(row, 0)
-            draft_view = self.draft_cache.row_view(row)
-            if len(request.prompt_ids) > 1:
-                self.draft.forward(torch.tensor([request.prompt_ids[:-1]]), draft_view, last_only=True)
-                draft_view.commit(0, len(request.prompt_ids) - 1)
-            self.draft_cache.sync_row(row, draft_view)
-            sequence.draft_seen = list(request.prompt_ids[:-1])
         self.rows.append(sequence)
         now = time.perf_counter()
         sequence.stats.prefill_s = sequence.stats.ttft_s = now - started
@@ -175,7 +173,7 @@ class BatchEngine:
         drafted_at = time.perf_counter()
         verdicts = self._verify(drafts, draft_probs, num_drafts)
         verified_at = time.perf_counter()
-        events = self._commit(verdicts)
+        events = self._commit(verdicts, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
         self.gamma_policy.observe(len(verdicts), gamma, now - began, [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,
@@ -194,6 +192,7 @@ class BatchEngine:
             return [[] for _ in self.rows], [None] * len(self.rows)
         if self.ngram is not None:
             return [self.ngram.lookup(s.context, k) for s, k in zip(self.rows, num_drafts)], [None] * len(self.rows)
+        self._catch_up_alone()
         view = self.draft_cache.prefix_view(len(self.rows))
         unseen = [s.context[len(s.draft_seen):] for s in self.rows]
         width = max(len(u) for u in unseen)
@@ -230,6 +229,23 @@ class BatchEngine:
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
 
+    def _catch_up_alone(self) -> None:
+        """Feed the draft, row by row, every row's long backlog but its last token.
+
+        The draft reads a sequence lazily: its prompt, and whatever was committed while the batch ran
+        at gamma 0, only once it drafts for it; a batch held at gamma 0 never runs the draft at all.
+        A long backlog goes in alone, because the batched catch-up pads every row to the longest."""
+        for row, sequence in enumerate(self.rows):
+            backlog = sequence.context[len(sequence.draft_seen):-1]
+            if len(backlog) < CATCH_UP_ALONE:
+                continue
+            view = self.draft_cache.row_view(row)
+            with torch.inference_mode():
+                self.draft.forward(torch.tensor([backlog]), view, last_only=True)
+            view.commit(0, len(backlog))
+            self.draft_cache.sync_row(row, view)
+            sequence.draft_seen.extend(backlog)
+
     def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
                 num_drafts: list[int]) -> list[ChainResult]:
         width = max(num_drafts) + 1
@@ -251,9 +267,9 @@ class BatchEngine:
         self.cache.sync_prefix(view)
         return verdicts
 
-    def _commit(self, verdicts: list[ChainResult]) -> list[BatchEvent]:
+    def _commit(self, verdicts: list[ChainResult], drafted: bool) -> list[BatchEvent]:
         events = [self._emit(row, verdict.tokens) for row, verdict in enumerate(verdicts)]
-        if self.draft_cache is not None:
+        if self.draft_cache is not None and drafted:  # else what the draft saw is still a prefix
             for row, sequence in enumerate(self.rows):
                 keep = min(common_prefix_length(sequence.draft_seen, sequence.context), len(sequence.context) - 1)
                 del sequence.draft_seen[keep:]

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out_dir: str | Path,
-                run_dir: str | Path) -> dict:
+                run_dir: str | Path, init_dir: str | Path | None = None) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     optim = recipe.optim
@@ -45,13 +45,16 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     torch.manual_seed(optim.seed)
     draft = LlamaForCausalLM(recipe.model)
     init_weights(draft, recipe.init_std)
+    if init_dir is not None:
+        grow_from(draft, load_checkpoint(init_dir, dtype=torch.float32, kernels=False))
+        logger.info("draft: warm start from %s", init_dir)
     logger.info("draft: %d parameters (target %d)", parameter_count(draft), parameter_count(teacher))
     # Fresh seed: the draft sees the training split in a different order than the target did.
     stream, batches, encode = training_batches(target_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
 
-    batches = MixedBatches(batches, TargetSamples(teacher, batches, recipe.sample_prefix, optim.seed),
-                           recipe.target_sample_fraction)
+    samples = TargetSamples(teacher, batches, recipe.sample_prefix, optim.seed, recipe.greedy_sample_fraction)
+    batches = MixedBatches(batches, samples, recipe.target_sample_fraction)
 
     def loss_fn(tokens: torch.Tensor, micro_step: int):
         return distillation_loss(draft, teacher, tokens, recipe.ce_weight)
@@ -75,7 +78,7 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
         logger.info("held-out %s: %s", name, heldout[name])
     metrics = {
         "model": asdict(recipe.model), "parameters": parameter_count(draft), "recipe": asdict(recipe),
-        "target_dir": str(target_dir), "training": {**history_summary(history), "stream": stream.stats()},
+        "target_dir": str(target_dir), "init_dir": None if init_dir is None else str(init_dir), "training": {**history_summary(history), "stream": stream.stats()},
         "heldout": heldout, "synthetic_workloads": sorted(corpus.SYNTHETIC_WORKLOADS),
     }
     write_json(run_dir / "metrics.json", metrics)
@@ -83,12 +86,37 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     return metrics
 
 
-class TargetSamples:
-    """Windows (B, T + 1): a training-text prefix, then tokens the target sampled at temperature 1."""
+def grow_from(draft: LlamaForCausalLM, source: LlamaForCausalLM) -> None:
+    """Copy ``source``'s weights into ``draft``, which may have more layers (same widths otherwise).
 
-    def __init__(self, teacher: LlamaForCausalLM, text: Iterator[torch.Tensor], prefix_len: int, seed: int):
+    Every extra layer keeps its fresh weights except its output projections (o_proj, down_proj), which
+    are zeroed: the extra layer starts as the identity on the residual stream, so the grown draft
+    computes exactly what ``source`` computes and distillation starts from its quality."""
+    mine, theirs = draft.state_dict(), source.state_dict()
+    if source.config.num_hidden_layers > draft.config.num_hidden_layers:
+        raise ValueError(f"cannot shrink a {source.config.num_hidden_layers}-layer draft to "
+                         f"{draft.config.num_hidden_layers} layers")
+    for name, value in theirs.items():
+        if name not in mine or mine[name].shape != value.shape:
+            raise ValueError(f"--init checkpoint does not fit the draft recipe at {name}: "
+                             f"{tuple(value.shape)} vs {tuple(mine[name].shape) if name in mine else 'absent'}")
+        mine[name] = value
+    for name in mine:
+        if name not in theirs and name.endswith(("o_proj.weight", "down_proj.weight")):
+            mine[name] = torch.zeros_like(mine[name])
+    draft.load_state_dict(mine)
+
+
+class TargetSamples:
+    """Windows (B, T + 1): a training-text prefix, then tokens the target generated itself: sampled at
+    temperature 1, or greedily for every ``round(1 / greedy_fraction)``-th window batch."""
+
+    def __init__(self, teacher: LlamaForCausalLM, text: Iterator[torch.Tensor], prefix_len: int, seed: int,
+                 greedy_fraction: float = 0.0):
         self.teacher, self.text, self.prefix_len = teacher, text, prefix_len
         self.generator = torch.Generator().manual_seed(seed)
+        self.greedy_period = round(1 / greedy_fraction) if greedy_fraction > 0 else 0
+        self.count = 0
 
     def __iter__(self) -> "TargetSamples":
         return self
@@ -96,6 +124,8 @@ class TargetSamples:
     @torch.no_grad()
     def __next__(self) -> torch.Tensor:
         windows = next(self.text)
+        self.count += 1
+        greedy = bool(self.greedy_period) and self.count % self.greedy_period == 0
         batch, width = windows.shape
         cache = self.teacher.new_cache(batch, width)
         tokens = windows[:, :self.prefix_len]
@@ -104,8 +134,11 @@ class TargetSamples:
         for step in range(width - self.prefix_len):
             for row in range(batch):
                 cache.commit(row, columns[-1].shape[1])
-            probs = torch.softmax(logits.float(), dim=-1)
-            columns.append(torch.multinomial(probs, 1, generator=self.generator))  # (B, 1)
+            if greedy:
+                columns.append(logits.argmax(dim=-1, keepdim=True))  # (B, 1)
+            else:
+                probs = torch.softmax(logits.float(), dim=-1)
+                columns.append(torch.multinomial(probs, 1, generator=self.generator))
             if step < width - self.prefix_len - 1:
                 logits = self.teacher.forward(columns[-1], cache)[:, -1]
         return torch.cat(columns, dim=1)

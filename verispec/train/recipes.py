@@ -109,6 +109,10 @@ class DraftRecipe:
     # generations, the distribution it will draft against.
     target_sample_fraction: float = 0.25
     sample_prefix: int = 32
+    # Of those target-generated windows, this fraction is the target's greedy continuation: greedy
+    # acceptance is measured on the target's greedy trajectories, which repeat themselves far more
+    # than text does.
+    greedy_sample_fraction: float = 0.0
 
 
 def compressed_model_config() -> CompressedConfig:

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,6 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--target", default=TARGET_DIR, help="trained target checkpoint dir")
     draft.add_argument("--out", default=DRAFT_DIR)
     draft.add_argument("--run-dir", default="runs/draft")
+    draft.add_argument("--init", default=None, metavar="DIR",
+                       help="warm start from this draft checkpoint (same widths; extra layers start as identity)")
+    draft.add_argument("--layers", type=int, default=None, help="draft layers (default: the recipe's)")
+    draft.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    draft.add_argument("--sample-fraction", type=float, default=None,
+                       help="share of micro-batches the target generated itself (default: the recipe's)")
+    draft.add_argument("--greedy-fraction", type=float, default=None,
+                       help="share of those generated greedily rather than at temperature 1 (default: the recipe's)")
 
     compressed = commands.add_parser("compressed", help="train a compressed-attention target (issue-6 figures)")
     compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
@@ -80,6 +89,20 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
     logger.info("corpus statistics: %s", json.dumps(stats))
 
 
+def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
+    recipe = DraftRecipe()
+    changes = {}
+    if args.layers is not None:
+        changes["model"] = replace(recipe.model, num_hidden_layers=args.layers)
+    if args.lr is not None:
+        changes["optim"] = replace(recipe.optim, lr=args.lr)
+    if args.sample_fraction is not None:
+        changes["target_sample_fraction"] = args.sample_fraction
+    if args.greedy_fraction is not None:
+        changes["greedy_sample_fraction"] = args.greedy_fraction
+    return replace(recipe, **changes)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -101,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (Path(args.target) / "config.json").exists():
             logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)
             return 2
-        train_draft(DraftRecipe(), args.minutes, args.target, args.out, args.run_dir)
+        train_draft(_draft_recipe(args), args.minutes, args.target, args.out, args.run_dir, args.init)
     elif args.command == "compressed":
         from verispec.train.compressed import train_compressed
 
