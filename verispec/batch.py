@@ -169,13 +169,17 @@ class BatchEngine:
         sequences = list(self.rows)  # row order of this round, before anyone leaves
         gamma = self.gamma_policy.choose(len(self.rows))
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
+        catch_up_s = self._catch_up_alone() if max(num_drafts) else 0.0
         drafts, draft_probs = self._propose(num_drafts)
         drafted_at = time.perf_counter()
         verdicts = self._verify(drafts, draft_probs, num_drafts)
         verified_at = time.perf_counter()
         events = self._commit(verdicts, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
-        self.gamma_policy.observe(len(verdicts), gamma, now - began, [v.num_accepted for v in verdicts], num_drafts)
+        # The policy judges gamma on a round's steady cost: reading a backlog is paid once per switch
+        # from gamma 0, and counting it would make the first rounds of any gamma look slow.
+        self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s,
+                                  [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,
                      (drafted_at - began, verified_at - drafted_at, now - verified_at))
         return [e for e in events if e.tokens or e.finished]
@@ -192,7 +196,6 @@ class BatchEngine:
             return [[] for _ in self.rows], [None] * len(self.rows)
         if self.ngram is not None:
             return [self.ngram.lookup(s.context, k) for s, k in zip(self.rows, num_drafts)], [None] * len(self.rows)
-        self._catch_up_alone()
         view = self.draft_cache.prefix_view(len(self.rows))
         unseen = [s.context[len(s.draft_seen):] for s in self.rows]
         width = max(len(u) for u in unseen)
@@ -229,12 +232,16 @@ class BatchEngine:
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
 
-    def _catch_up_alone(self) -> None:
+    def _catch_up_alone(self) -> float:
         """Feed the draft, row by row, every row's long backlog but its last token.
 
         The draft reads a sequence lazily: its prompt, and whatever was committed while the batch ran
         at gamma 0, only once it drafts for it; a batch held at gamma 0 never runs the draft at all.
-        A long backlog goes in alone, because the batched catch-up pads every row to the longest."""
+        A long backlog goes in alone, because the batched catch-up pads every row to the longest.
+        Returns the seconds it took."""
+        if self.draft is None:
+            return 0.0
+        began = time.perf_counter()
         for row, sequence in enumerate(self.rows):
             backlog = sequence.context[len(sequence.draft_seen):-1]
             if len(backlog) < CATCH_UP_ALONE:
@@ -245,6 +252,7 @@ class BatchEngine:
             view.commit(0, len(backlog))
             self.draft_cache.sync_row(row, view)
             sequence.draft_seen.extend(backlog)
+        return time.perf_counter() - began
 
     def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
                 num_drafts: list[int]) -> list[ChainResult]:
