@@ -137,12 +137,22 @@ class DraftModelDrafter:
         self.cache.set_length(0, keep)
 
 
+def top_tokens(logits: torch.Tensor, count: int) -> list[int]:
+    """The ``count`` highest logits' ids, ties broken towards the lower id (a stable descending sort's
+    order) without sorting the vocabulary: only the candidates at or above the count-th value are sorted."""
+    values = logits.float()
+    count = min(count, values.numel())
+    threshold = torch.topk(values, count).values[-1]
+    candidates = (values >= threshold).nonzero().flatten()  # ascending ids
+    order = torch.sort(values[candidates], descending=True, stable=True).indices
+    return candidates[order[:count]].tolist()
+
+
 def _draw_children(logits: torch.Tensor, width: int, mode: SiblingMode, sampling: SamplingParams,
                    generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
     """Child tokens of one node and the q they were drawn from (None for point masses)."""
     if mode == "deterministic":
-        order = torch.sort(logits.float(), descending=True, stable=True).indices
-        return order[:width].tolist(), None
+        return top_tokens(logits, width), None
     q = logits_to_probs(logits, sampling)
     if mode == "iid":
         return [sample_from(q, generator) for _ in range(width)], q
