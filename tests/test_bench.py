@@ -356,6 +356,8 @@ def test_planner_check_reports_predicted_and_realised_per_gamma(tmp_path, capsys
     assert [row["gamma"] for row in data["rows"]] == [1, 2]
     for row in data["rows"]:
         assert row["error"] == pytest.approx(row["realised_speedup"] / row["predicted_speedup"] - 1)
+        scaled = row["predicted_speedup"] * row["realised_committed_per_round"] / row["predicted_tokens_per_round"]
+        assert row["cost_error"] == pytest.approx(row["realised_speedup"] / scaled - 1)
     best = max([1.0] + [row["realised_speedup"] for row in data["rows"]])
     assert data["best_realised_speedup"] == pytest.approx(best)
     assert data["planner_within_5pct_of_best"] == (data["planner_choice_realised"] >= 0.95 * best)
