@@ -80,7 +80,7 @@ class Scripted:
     def __init__(self, gammas):
         self.gammas, self.round = gammas, 0
 
-    def choose(self, batch_size):
+    def choose(self, batch_size, request=None):
         self.round += 1
         return self.gammas[min(self.round, len(self.gammas)) - 1]
 
@@ -196,6 +196,48 @@ def test_adaptive_rate_uses_the_rows_its_rounds_ran_with():
     assert policy.predicted_rate(8, 0) == pytest.approx(100.0)
     # E[N] = 1 + 3/5 = 1.6 committed per row and round, over the 5 rows it was measured with.
     assert policy.predicted_rate(8, 1) == pytest.approx(5 * 1.6 / 0.06)
+
+
+def test_acceptance_counts_blend_a_request_with_the_shared_prior():
+    from verispec.adaptive import AcceptanceCounts
+
+    counts = AcceptanceCounts(4)
+    for accepted, drafted in [(2, 2), (0, 2), (1, 2), (2, 3)]:
+        counts.add(accepted, drafted)
+    # Position 1 reached 4 times, accepted 3; position 2 reached 3 times (after an accepted first), accepted 2.
+    assert counts.rates(2) == pytest.approx([3 / 4, 2 / 3])
+    # Position 3 reached once (the gamma-3 round), accepted never; position 4 never reached: the prior.
+    assert counts.rates(4, prior=[0.5, 0.5, 0.5, 0.25], prior_rounds=4) == pytest.approx(
+        [(3 + 2) / 8, (2 + 2) / 7, (0 + 2) / 5, 0.25])
+
+
+def test_adaptive_policy_gives_each_request_its_own_gamma():
+    """Shared round times, per-request acceptance: a request the draft follows gets a long chain, one
+    it does not follow gets plain decoding, where one shared gamma would compromise."""
+    from verispec.adaptive import AcceptanceCounts
+
+    def run(per_request: bool) -> dict[str, list[int]]:
+        rng = random.Random(0)
+        policy = AdaptiveGamma(max_gamma=8, explore_every=20, min_samples=1)
+        seconds = lambda g: 0.01 * (1 + 0.15 * g)  # noqa: E731  (cheap drafts and verification)
+        counts = {"easy": AcceptanceCounts(), "hard": AcceptanceCounts()}
+        chosen = {"easy": [], "hard": []}
+        for round_index in range(600):
+            name = "easy" if round_index % 2 else "hard"
+            gamma = policy.choose(1, counts[name] if per_request else None)
+            chosen[name].append(gamma)
+            rate = 0.95 if name == "easy" else 0.1  # chance that each next draft is accepted
+            accepted = 0
+            while accepted < gamma and rng.random() < rate:
+                accepted += 1
+            policy.observe(1, gamma, seconds(gamma), [accepted], [gamma])
+            counts[name].add(accepted, gamma)
+        return {name: gammas[-100:] for name, gammas in chosen.items()}
+
+    own = run(per_request=True)
+    assert own["easy"].count(8) >= 80 and own["hard"].count(0) >= 80
+    shared = run(per_request=False)  # one compromise gamma for both
+    assert max(set(shared["easy"]), key=shared["easy"].count) == max(set(shared["hard"]), key=shared["hard"].count)
 
 
 def test_adaptive_policy_backs_off_re_measuring_a_losing_neighbour():

@@ -23,6 +23,13 @@ rounds while the best stays put (up to 64x), so the estimates track the machine 
 that keeps losing costs a vanishing share of rounds (a re-measure after a long stretch at gamma 0 is
 expensive: the draft first catches up on every token it has not seen).
 
+One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
+rates are then blended with the shared ones, which act as ``prior_rounds`` (8) rounds of prior
+evidence. A mixed workload holds requests the draft follows well (arithmetic) and ones it does not
+(chat); one gamma for all of them is a compromise, while the blend lets each request move towards
+its own best gamma after a few rounds. Round times stay shared: a round's cost does not depend on
+whose tokens it verifies.
+
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
 """
@@ -34,22 +41,53 @@ from verispec.costmodel import expected_tokens
 DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
 
+class AcceptanceCounts:
+    """Per draft position i (1-based): rounds that tested it (reached it: accepted i - 1 drafts and
+    drafted at least i) and rounds that accepted it."""
+
+    def __init__(self, max_position: int = 64):
+        self.reached = [0] * (max_position + 1)
+        self.accepted = [0] * (max_position + 1)
+
+    def add(self, accepted: int, drafted: int) -> None:
+        for position in range(1, min(drafted, accepted + 1, len(self.reached) - 1) + 1):
+            self.reached[position] += 1
+            if position <= accepted:
+                self.accepted[position] += 1
+
+    def rates(self, positions: int, prior: list[float] | None = None, prior_rounds: float = 0.0) -> list[float]:
+        """Conditional acceptance at positions 1..``positions``: accepted / reached, pulled towards
+        ``prior`` as if it had been seen ``prior_rounds`` times. Where nothing is known: the previous
+        position's rate (0.5 at position 1), since a draft that was right so far tends to stay right."""
+        out = []
+        for i in range(1, positions + 1):
+            unknown = out[-1] if out else 0.5
+            base = prior[i - 1] if prior is not None and i - 1 < len(prior) else unknown
+            reached = self.reached[i] if i < len(self.reached) else 0
+            accepted = self.accepted[i] if i < len(self.accepted) else 0
+            weight = prior_rounds if prior is not None else 0.0
+            out.append((accepted + weight * base) / (reached + weight) if reached + weight else unknown)
+        return out
+
+
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
-                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03, min_samples: int = 3):
+                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03, min_samples: int = 3,
+                 prior_rounds: float = 8.0):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.smoothing, self.margin = explore_every, smoothing, margin
-        self.min_samples = min_samples
+        self.min_samples, self.prior_rounds = min_samples, prior_rounds
         self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds observed
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
         self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
-        self.reached = [0] * (max(self.candidates) + 1)  # drafts at position i that were tested
-        self.accepted = [0] * (max(self.candidates) + 1)
+        self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
         self.rounds_in_bucket: dict[int, int] = {}
         self.last_best: dict[int, int] = {}  # per bucket: the best gamma when last checked
-        self.interval: dict[int, int] = {}  # per bucket: rounds until the next neighbour re-measure
-        self.next_explore: dict[int, int] = {}
-        self.explorations: dict[int, int] = {}
+        # Per (bucket, best gamma): rounds until the next re-measure of that best's neighbours. Keyed
+        # by the best too, because requests with their own acceptance have different bests.
+        self.interval: dict[tuple[int, int], int] = {}
+        self.next_explore: dict[tuple[int, int], int] = {}
+        self.explorations: dict[tuple[int, int], int] = {}
 
     @staticmethod
     def bucket(batch_size: int) -> int:
@@ -58,12 +96,13 @@ class AdaptiveGamma:
             size *= 2
         return size
 
-    def acceptance(self) -> list[float]:
+    def acceptance(self, request: AcceptanceCounts | None = None) -> list[float]:
         """Conditional acceptance per draft position (1-based index i -> [i - 1]); optimistic 0.5
-        until measured."""
-        return [self.accepted[i] / self.reached[i] if self.reached[i] else 0.5 for i in range(1, len(self.reached))]
+        until measured. With ``request``, that request's rates blended with the shared ones."""
+        shared = self.counts.rates(max(self.candidates))
+        return shared if request is None else request.rates(len(shared), shared, self.prior_rounds)
 
-    def predicted_rate(self, batch_size: int, gamma: int) -> float | None:
+    def predicted_rate(self, batch_size: int, gamma: int, acceptance: list[float] | None = None) -> float | None:
         """Committed tokens per second of ``gamma`` in ``batch_size``'s bucket, at the batch sizes its
         rounds were measured with (a bucket spans up to 2x in rows, and a round's time grows with its
         rows, so projecting every gamma onto the current batch size would favour whichever gamma
@@ -72,10 +111,11 @@ class AdaptiveGamma:
         seconds = self.round_seconds.get(key)
         if seconds is None or seconds <= 0:
             return None
-        tokens = expected_tokens(gamma, acceptance=self.acceptance()) if gamma else 1.0
+        acceptance = acceptance if acceptance is not None else self.acceptance()
+        tokens = expected_tokens(gamma, acceptance=acceptance) if gamma else 1.0
         return self.round_rows[key] * tokens / seconds
 
-    def choose(self, batch_size: int) -> int:
+    def choose(self, batch_size: int, request: AcceptanceCounts | None = None) -> int:
         bucket = self.bucket(batch_size)
         count = self.rounds_in_bucket.get(bucket, 0)
         self.rounds_in_bucket[bucket] = count + 1
@@ -83,7 +123,8 @@ class AdaptiveGamma:
         if sampling:
             return sampling[0]  # judge a candidate on the mean of min_samples rounds, not on one round
         tried = [g for g in self.candidates if (bucket, g) in self.round_seconds]
-        rate = lambda g: self.predicted_rate(batch_size, g) or 0.0
+        acceptance = self.acceptance(request)
+        rate = lambda g: self.predicted_rate(batch_size, g, acceptance) or 0.0  # noqa: E731
         if not tried:
             return self.candidates[0]
         best = max(tried, key=rate)
@@ -93,20 +134,21 @@ class AdaptiveGamma:
                   and (bucket, g) not in self.round_seconds]
         if larger and best == max(tried):
             return larger[0]  # climb while each larger gamma is the best so far
-        if best != self.last_best.get(bucket):  # a new best: re-measure its neighbours soon again
-            self.last_best[bucket] = best
-            self.interval[bucket] = self.explore_every
-            self.next_explore[bucket] = count + self.explore_every
-        if count >= self.next_explore.get(bucket, self.explore_every):
-            # Re-measure a neighbour of the best, backing off (doubling the interval) while the best
-            # stays the same: a neighbour that keeps losing costs ever fewer rounds.
-            interval = self.interval.get(bucket, self.explore_every)
-            self.next_explore[bucket] = count + 2 * interval
-            self.interval[bucket] = min(2 * interval, self.explore_every * 64)
-            self.explorations[bucket] = self.explorations.get(bucket, 0) + 1
+        self.last_best[bucket] = best
+        key = (bucket, best)
+        if key not in self.next_explore:  # a new best: re-measure its neighbours soon
+            self.interval[key] = self.explore_every
+            self.next_explore[key] = count + self.explore_every
+        if count >= self.next_explore[key]:
+            # Re-measure a neighbour of the best, backing off (doubling the interval) while it stays
+            # the best: a neighbour that keeps losing costs ever fewer rounds.
+            interval = self.interval[key]
+            self.next_explore[key] = count + 2 * interval
+            self.interval[key] = min(2 * interval, self.explore_every * 64)
+            self.explorations[key] = self.explorations.get(key, 0) + 1
             index = self.candidates.index(best)
             neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
-            return neighbours[self.explorations[bucket] % len(neighbours)]
+            return neighbours[self.explorations[key] % len(neighbours)]
         return best
 
     def _cap(self, bucket: int) -> int:
@@ -126,10 +168,7 @@ class AdaptiveGamma:
         rows = self.round_rows.get(key, batch_size)
         self.round_rows[key] = (1 - weight) * rows + weight * batch_size
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
-            for position in range(1, min(drafted, accepted + 1) + 1):  # positions that were tested
-                self.reached[position] += 1
-                if position <= accepted:
-                    self.accepted[position] += 1
+            self.counts.add(accepted, drafted)
 
 
 class FixedGamma:
@@ -138,7 +177,7 @@ class FixedGamma:
     def __init__(self, gamma: int):
         self.gamma = gamma
 
-    def choose(self, batch_size: int = 1) -> int:
+    def choose(self, batch_size: int = 1, request: AcceptanceCounts | None = None) -> int:
         return self.gamma
 
     def observe(self, *args) -> None:
@@ -162,7 +201,7 @@ class HFHeuristicGamma:
     def __init__(self, initial: int = 4, max_gamma: int = 16):
         self.gamma, self.max_gamma = initial, max_gamma
 
-    def choose(self, batch_size: int = 1) -> int:
+    def choose(self, batch_size: int = 1, request: AcceptanceCounts | None = None) -> int:
         return self.gamma
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],

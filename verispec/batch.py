@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.adaptive import FixedGamma
+from verispec.adaptive import AcceptanceCounts, FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length
 from verispec.drafters.ngram import NgramDrafter
@@ -70,6 +70,7 @@ class _Sequence:
     last_emit: float
     generated: list[int] = field(default_factory=list)
     draft_seen: list[int] = field(default_factory=list)
+    acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
 
 
 class BatchEngine:
@@ -167,7 +168,8 @@ class BatchEngine:
             return []
         began = time.perf_counter()
         sequences = list(self.rows)  # row order of this round, before anyone leaves
-        gamma = self.gamma_policy.choose(len(self.rows))
+        # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
+        gamma = self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         catch_up_s = self._catch_up_alone() if max(num_drafts) else 0.0
         drafts, draft_probs = self._propose(num_drafts)
@@ -301,6 +303,7 @@ class BatchEngine:
         """Per-request round records; the round's time split is shared by every row in it."""
         now = time.perf_counter()
         for sequence, event, verdict, drafted in zip(sequences, events, verdicts, num_drafts):
+            sequence.acceptance.add(verdict.num_accepted, drafted)
             cut = len(event.tokens) < len(verdict.tokens)
             sequence.stats.rounds.append(RoundRecord(
                 drafted=drafted, accepted=verdict.num_accepted, committed=len(event.tokens),

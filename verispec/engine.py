@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from verispec.adaptive import AcceptanceCounts
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal
@@ -81,6 +82,7 @@ class Generation:
         self.context = list(prompt_ids)
         self.generated: list[int] = []
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
+        self.acceptance = AcceptanceCounts()  # this request's, for the gamma policy
         self.result: GenerationResult | None = None
         self.cache: KVCache = engine.target.new_cache(
             1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
@@ -146,7 +148,7 @@ class Generation:
     def _gamma(self) -> int:
         policy = self.engine.gamma_policy
         if self.spec.method == "chain" and policy is not None:
-            return min(policy.choose(1), self.spec.gamma)
+            return min(policy.choose(1, self.acceptance), self.spec.gamma)
         return self.spec.max_drafts
 
     def _sibling_mode(self, tree: TokenTree | None = None) -> str:
@@ -225,6 +227,7 @@ class Generation:
         record.other_s = max(0.0, gap_s - record.draft_s - record.verify_s - record.state_s)
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
             self.engine.gamma_policy.observe(1, record.drafted, record.total_s, [record.accepted], [record.drafted])
+            self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
         if chunk:
             self.stats.chunk_gaps_s.append(gap_s)
