@@ -166,3 +166,14 @@ def test_native_rms_norm_matches_torch(rows):
     assert kernels.rms_norm(x, weight.clone().requires_grad_(), 1e-5) is None
     assert kernels.rms_norm(torch.randn(2, 12), torch.randn(12), 1e-5) is None
     assert kernels.rms_norm(x.double(), weight.double(), 1e-5) is None
+
+
+def test_a_checkpoint_loads_inside_inference_mode(checkpoints):
+    """Loading under torch.inference_mode() used to fail packing (inference tensors have no version)."""
+    from verispec.models.llama import load_checkpoint
+
+    outside = load_checkpoint(checkpoints["llama"])
+    with torch.inference_mode():
+        inside = load_checkpoint(checkpoints["llama"])
+        tokens = torch.tensor([[1, 2, 3, 4]])
+        assert torch.equal(inside.forward(tokens, inside.new_cache(1, 16)), outside.forward(tokens, outside.new_cache(1, 16)))

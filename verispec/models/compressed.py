@@ -552,13 +552,14 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         state = load_file(str(weights))
     except Exception as err:  # safetensors raises several types for truncated files
         raise CheckpointError(f"cannot read {weights}: {err}") from None
-    model = CompressedForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [n for n in missing if not (config.tie_word_embeddings and n == "lm_head.weight")]
-    if missing or unexpected:
-        raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
-    model = model.to(device=device, dtype=dtype).eval()
-    if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
-        accelerate(model)
+    with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
+        model = CompressedForCausalLM(config)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [n for n in missing if not (config.tie_word_embeddings and n == "lm_head.weight")]
+        if missing or unexpected:
+            raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
+                                  f"{missing[:3]}, unexpected {unexpected[:3]}")
+        model = model.to(device=device, dtype=dtype).eval()
+        if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
+            accelerate(model)
     return model

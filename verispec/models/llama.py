@@ -353,17 +353,18 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
             state.update(load_file(str(file)))
         except Exception as err:  # safetensors raises several types for truncated/corrupt files
             raise CheckpointError(f"cannot read {file}: {err}") from None
-    model = LlamaForCausalLM(config)
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
-    if missing or unexpected:
-        raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
-                              f"{missing[:3]}, unexpected {unexpected[:3]}")
-    model = model.to(device=device, dtype=dtype).eval()
-    if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
-        accelerate(model)
+    with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
+        model = LlamaForCausalLM(config)
+        if config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+        if missing or unexpected:
+            raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
+                                  f"{missing[:3]}, unexpected {unexpected[:3]}")
+        model = model.to(device=device, dtype=dtype).eval()
+        if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
+            accelerate(model)
     return model
 
 
