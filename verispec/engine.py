@@ -30,7 +30,7 @@ from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
 from verispec.tree import TokenTree
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
-from verispec.verify.tree import TreeResult, verify_tree
+from verispec.verify.tree import TreeResult, verify_tree, verify_tree_greedy
 
 
 @dataclass
@@ -196,8 +196,11 @@ class Generation:
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
         logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
                                             depths=buffers.depths)[0].cpu()  # (N+1, V)
-        verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(tree),
-                              generator=self.generator)
+        if self.sampling.greedy:
+            verdict = verify_tree_greedy(tree, logits.argmax(-1).tolist())
+        else:
+            verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(tree),
+                                  generator=self.generator)
         record.verify_s = time.perf_counter() - began
         record.accepted = verdict.num_accepted
         record.last_kind = verdict.last_kind

@@ -92,6 +92,26 @@ def verify_tree(tree: TokenTree, target_probs: torch.Tensor, mode: SiblingMode,
         node = chosen
 
 
+def verify_tree_greedy(tree: TokenTree, target_argmax: list[int]) -> TreeResult:
+    """Greedy fast path: with one-hot p (temperature 0) a child is accepted iff its token is the
+    target's argmax after its parent, and the recovered / bonus token is that argmax. Identical to
+    ``verify_tree`` in any mode on one-hot target rows (tested), without probabilities or uniforms.
+
+    target_argmax: N+1 ids, entry i the argmax of the target's logits after node i.
+    """
+    assert len(target_argmax) == len(tree.parents)
+    children = tree.children()
+    node, accepted_nodes = 0, []
+    while True:
+        best = target_argmax[node]
+        chosen = next((child for child in children[node] if tree.tokens[child] == best), None)
+        if chosen is None:
+            kind = "recovered" if children[node] else "bonus"
+            return TreeResult(_tokens(tree, accepted_nodes) + [best], accepted_nodes, kind)
+        accepted_nodes.append(chosen)
+        node = chosen
+
+
 def _tokens(tree: TokenTree, nodes: list[int]) -> list[int]:
     return [tree.tokens[n] for n in nodes]
 
