@@ -63,14 +63,14 @@ class TokenTree:
 
     def _build(self) -> TreeBuffers:
         size = len(self.parents)
-        mask = torch.zeros(size, size, dtype=torch.bool)
-        depths = torch.zeros(size, dtype=torch.long)
-        for node in range(size):
-            mask[node, node] = True
-            parent = self.parents[node]
-            if parent >= 0:
-                mask[node] |= mask[parent]
-                depths[node] = depths[parent] + 1
+        rows: list[list[bool]] = []  # built in Python, converted once: per-element tensor writes are slow
+        depths: list[int] = []
+        for node, parent in enumerate(self.parents):
+            row = list(rows[parent]) if parent >= 0 else [False] * size
+            row[node] = True
+            rows.append(row)
+            depths.append(depths[parent] + 1 if parent >= 0 else 0)
+        mask = torch.tensor(rows, dtype=torch.bool)
         kids = self.children()
         paths = []
 
@@ -81,7 +81,7 @@ class TokenTree:
                 walk(child, path + [child])
 
         walk(0, [0])
-        return TreeBuffers(mask, depths, paths, kids)
+        return TreeBuffers(mask, torch.tensor(depths, dtype=torch.long), paths, kids)
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
