@@ -84,10 +84,14 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
 
 def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
     """The README's main job, shortened: every prompt's speculative output equals plain decoding."""
-    code, out, _ = run(capsys, "demo", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json")
+    code, out, _ = run(capsys, "demo", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json",
+                       "--methods", "chain,tree,ngram,self")
     assert code == 0
     data = json.loads(out)
-    assert data["embedded_pair"] and len(data["prompts"]) == 3
+    assert data["embedded_pair"] and len(data["prompts"]) == 3 * 4
+    assert {row["method"] for row in data["prompts"]} == {"chain", "tree", "ngram", "self"}
     assert all(row["identical"] for row in data["prompts"])
+    code, _, err = run(capsys, "demo", "--methods", "chain,beam")
+    assert code == 2 and "beam" in err
     code, _, err = run(capsys, "demo", "--threads", "-1")
     assert code == 2 and "--threads" in err

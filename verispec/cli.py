@@ -46,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
                                            "and whether greedy output is identical.")
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    demo.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    demo.add_argument("--methods", default="chain,tree,ngram",
+                      help="comma-separated, each compared with plain decoding: chain, tree, ngram, self "
+                           "(default chain,tree,ngram)")
+    demo.add_argument("--gamma", type=int, default=4, help="drafts per round of chain, ngram and self (default 4)")
+    demo.add_argument("--tree", default="s3_k2_d6", help="tree shape for the tree method (default s3_k2_d6)")
+    demo.add_argument("--exit-layer", type=int, default=3, help="self: layers that draft (default 3)")
     demo.add_argument("--threads", type=int, default=1,
                       help="torch CPU threads (default 1: on a small CPU, two threads competing with any other "
                            "job make both decoding modes several times slower; 0 = torch's default)")

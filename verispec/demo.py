@@ -1,8 +1,11 @@
 """``verispec demo``: held-out prompts per workload, speculation off vs on, side by side in one run.
 
-For every prompt the target decodes greedily with speculation off, then with a chain of draft-model
-proposals; the table reports tokens/s of each, their ratio, committed tokens per round, the draft
-acceptance rate and whether the speculative output is token-for-token identical to plain decoding.
+For every prompt the target decodes greedily with speculation off, then with each method in
+``--methods``: ``chain`` (the draft model proposes gamma tokens in a line), ``tree`` (it proposes a
+candidate tree, ``--tree``), ``ngram`` (continuations found earlier in the context, no draft model)
+and ``self`` (the target's first ``--exit-layer`` layers draft). The table reports, per workload and
+method, tokens/s off and on, their ratio, committed tokens per round, the acceptance rate and whether
+the speculative output is token-for-token identical to plain decoding.
 """
 
 from __future__ import annotations
@@ -44,55 +47,87 @@ def run_demo(args) -> int:
     if note:
         print(note, file=sys.stderr)
     sampling = SamplingParams(temperature=0.0)
-    off, on = SpecConfig(method="none"), SpecConfig(method="chain", gamma=args.gamma)
-    engines = {"off": build_engine(pair, off), "on": build_engine(pair, on)}
+    off = SpecConfig(method="none")
+    specs = method_specs(args.methods, args.gamma, args.tree, args.exit_layer)
+    engines = {"off": build_engine(pair, off), **{name: build_engine(pair, spec) for name, spec in specs.items()}}
+    configs = {"off": off, **specs}
     eos = tuple(sorted(set(pair.target.config.eos_ids) | {pair.tokenizer.eos_token_id} - {None}))
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=eos)
     prompts = demo_prompts(args.prompts)
 
     warm = pair.tokenizer.encode("def main():", add_special_tokens=False)
-    for name in engines:  # first calls pay one-off allocation costs; keep them out of the table
-        engines[name].generate(warm, sampling, off if name == "off" else on, StopRules(max_tokens=8))
+    for name, engine in engines.items():  # first calls pay one-off allocation costs; keep them out of the table
+        engine.generate(warm, sampling, configs[name], StopRules(max_tokens=8))
 
     rows, sample = [], None
     jobs = [(w, p) for w, items in prompts.items() for p in items]
     for workload, prompt in tqdm(jobs, desc="demo", unit="prompt", file=sys.stderr):
         ids = pair.tokenizer.encode(prompt, add_special_tokens=False)
         plain = engines["off"].generate(ids, sampling, off, stop)
-        spec = engines["on"].generate(ids, sampling, on, stop)
-        rows.append({
-            "workload": workload,
-            "tokens": spec.stats.generated_tokens,
-            "off_tokens_per_s": plain.stats.tokens_per_s,
-            "on_tokens_per_s": spec.stats.tokens_per_s,
-            "speedup": spec.stats.tokens_per_s / plain.stats.tokens_per_s,
-            "committed_per_round": spec.stats.committed_per_round,
-            "acceptance_rate": spec.stats.acceptance_rate,
-            "identical": spec.tokens == plain.tokens,
-        })
-        if sample is None:
-            sample = {"prompt": prompt, "output": pair.tokenizer.decode(spec.tokens, skip_special_tokens=True)}
+        for method, spec in specs.items():  # each method right after the plain run it is compared with
+            result = engines[method].generate(ids, sampling, spec, stop)
+            rows.append({
+                "workload": workload, "method": method,
+                "tokens": result.stats.generated_tokens,
+                "off_tokens_per_s": plain.stats.tokens_per_s,
+                "on_tokens_per_s": result.stats.tokens_per_s,
+                "speedup": result.stats.tokens_per_s / plain.stats.tokens_per_s,
+                "committed_per_round": result.stats.committed_per_round,
+                "acceptance_rate": result.stats.acceptance_rate,
+                "identical": result.tokens == plain.tokens,
+            })
+            if sample is None:
+                sample = {"prompt": prompt, "output": pair.tokenizer.decode(result.tokens, skip_special_tokens=True)}
     by_workload = _aggregate(rows)
     if args.json:
-        print(json.dumps({"embedded_pair": note is None, "gamma": args.gamma, "max_tokens": args.max_tokens,
+        print(json.dumps({"embedded_pair": note is None, "gamma": args.gamma, "tree": args.tree,
+                          "exit_layer": args.exit_layer, "max_tokens": args.max_tokens,
                           "prompts": rows, "workloads": by_workload, "sample": sample}))
-        return 0
+        return 0 if all(r["identical"] for r in rows) else 1
     print(_table(by_workload))
-    print(f"\nchain, gamma {args.gamma}, greedy, {args.max_tokens} tokens per prompt; speedup = tokens/s with "
-          "speculation on / off, measured in this run")
-    print("\nsample (" + by_workload[0]["workload"] + "):\n" + sample["prompt"] + sample["output"])
+    print(f"\ngreedy, {args.max_tokens} tokens per prompt; " + "; ".join(_describe(m, specs[m]) for m in specs)
+          + ".\nspeedup = tokens/s with speculation on / off, each method right after its plain run, in this run")
+    print("\nsample (" + by_workload[0]["workload"] + ", " + by_workload[0]["method"] + "):\n"
+          + sample["prompt"] + sample["output"])
     return 0 if all(r["identical"] for r in rows) else 1
+
+
+DEMO_METHODS = ("chain", "tree", "ngram", "self")
+
+
+def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[str, SpecConfig]:
+    """``chain,tree,ngram,self`` -> one SpecConfig per named method, in the order given."""
+    names = [name.strip() for name in methods.split(",") if name.strip()]
+    unknown = [name for name in names if name not in DEMO_METHODS]
+    if unknown or not names:
+        raise VerispecError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; "
+                            f"choose from {', '.join(DEMO_METHODS)}")
+    build = {
+        "chain": lambda: SpecConfig(method="chain", gamma=gamma),
+        "tree": lambda: SpecConfig(method="tree", tree=tree),
+        "ngram": lambda: SpecConfig(method="chain", gamma=gamma, drafter="ngram"),
+        "self": lambda: SpecConfig(method="chain", gamma=gamma, drafter="early_exit", exit_layer=exit_layer),
+    }
+    return {name: build[name]() for name in dict.fromkeys(names)}
+
+
+def _describe(name: str, spec: SpecConfig) -> str:
+    if name == "tree":
+        return f"tree {spec.tree}"
+    if name == "self":
+        return f"self: first {spec.exit_layer} layers draft, gamma {spec.gamma}"
+    return f"{name} gamma {spec.gamma}"
 
 
 def _aggregate(rows: list[dict]) -> list[dict]:
     out = []
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        group = [r for r in rows if r["workload"] == workload]
+    for workload, method in dict.fromkeys((r["workload"], r["method"]) for r in rows):
+        group = [r for r in rows if r["workload"] == workload and r["method"] == method]
         n = len(group)
         off = sum(r["tokens"] for r in group) / sum(r["tokens"] / r["off_tokens_per_s"] for r in group)
         on = sum(r["tokens"] for r in group) / sum(r["tokens"] / r["on_tokens_per_s"] for r in group)
         out.append({
-            "workload": workload, "prompts": n, "off_tokens_per_s": off, "on_tokens_per_s": on,
+            "workload": workload, "method": method, "prompts": n, "off_tokens_per_s": off, "on_tokens_per_s": on,
             "speedup": on / off,
             "committed_per_round": sum(r["committed_per_round"] for r in group) / n,
             "acceptance_rate": sum(r["acceptance_rate"] for r in group) / n,
@@ -102,10 +137,10 @@ def _aggregate(rows: list[dict]) -> list[dict]:
 
 
 def _table(rows: list[dict]) -> str:
-    header = ("workload", "prompts", "off tok/s", "on tok/s", "speedup", "committed/round", "acceptance",
+    header = ("workload", "method", "prompts", "off tok/s", "on tok/s", "speedup", "committed/round", "acceptance",
               "greedy identical")
     lines = [header] + [(
-        r["workload"], str(r["prompts"]), f"{r['off_tokens_per_s']:.1f}", f"{r['on_tokens_per_s']:.1f}",
+        r["workload"], r["method"], str(r["prompts"]), f"{r['off_tokens_per_s']:.1f}", f"{r['on_tokens_per_s']:.1f}",
         f"{r['speedup']:.2f}x", f"{r['committed_per_round']:.2f}", f"{r['acceptance_rate']:.2f}",
         "yes" if r["identical"] else "NO") for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
