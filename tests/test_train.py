@@ -40,7 +40,7 @@ def test_synthetic_math_answers_are_correct():
 
 
 def test_shipped_tokenizer_loads_with_chat_template():
-    tokenizer = AutoTokenizer.from_pretrained(str(DATA_DIR / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(str(DATA_DIR / "target"))
     assert len(tokenizer) == 8192 and tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 0
     text = "def add(a, b):\n    return a + b  # ünïcode ok\n"
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text

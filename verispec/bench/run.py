@@ -163,7 +163,7 @@ def _tokenizer(config: BenchConfig, pair: ModelPair | None):
         return pair.tokenizer
     if config.models.target is not None:
         return load_tokenizer(config.models.target)
-    return load_tokenizer(DATA_DIR / "tokenizer")
+    return load_tokenizer(DATA_DIR / "target")
 
 
 def _eos_ids(tokenizer, pair: ModelPair | None) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """What a training run leaves behind: HF checkpoint dirs (with tokenizer), metrics.json, a loss plot.
 
-    export_checkpoint(model, "verispec/data/target", tokenizer_dir="verispec/data/tokenizer")
+    export_checkpoint(model, "verispec/data/target", tokenizer_dir="verispec/data/target")
     check_transformers_parity("verispec/data/target")   # max |logit difference| native vs transformers
     1.9e-06
 
@@ -27,6 +27,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 CHECKPOINT_DTYPE = torch.bfloat16
 
 
+def copy_tokenizer(tokenizer_dir: str | Path, out_dir: str | Path) -> None:
+    """Copy the tokenizer files into a checkpoint dir (nothing to do when it is the same dir)."""
+    for name in TOKENIZER_FILES:
+        source, destination = Path(tokenizer_dir) / name, Path(out_dir) / name
+        if source.exists() and not (destination.exists() and source.resolve() == destination.resolve()):
+            shutil.copyfile(source, destination)
+
+
 def export_checkpoint(model: LlamaForCausalLM, out_dir: str | Path, tokenizer_dir: str | Path) -> None:
     """Save weights + config, a generation config that stops on EOS or ``<|end|>``, and the tokenizer."""
     out_dir = Path(out_dir)
@@ -35,10 +43,7 @@ def export_checkpoint(model: LlamaForCausalLM, out_dir: str | Path, tokenizer_di
     generation = {"bos_token_id": model.config.bos_token_id, "eos_token_id": stop_ids,
                   "pad_token_id": model.config.eos_token_id}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    for name in TOKENIZER_FILES:
-        source = Path(tokenizer_dir) / name
-        if source.exists():
-            shutil.copyfile(source, out_dir / name)
+    copy_tokenizer(tokenizer_dir, out_dir)
     logger.info("saved checkpoint to %s", out_dir)
 
 

@@ -1,7 +1,7 @@
 """Train a compressed-attention target (``models.compressed``) on the default mix, within a wall-clock budget.
 
     metrics = train_compressed(CompressedRecipe(), minutes=10, out_dir="runs/compressed/model",
-                               run_dir="runs/compressed", tokenizer_dir="verispec/data/tokenizer",
+                               run_dir="runs/compressed", tokenizer_dir="verispec/data/target",
                                draft_dir="verispec/data/draft")
     metrics["heldout"]["code"]["loss"], metrics["draft_vs_target"]["code"]["expected_acceptance_t1"]
 
@@ -12,7 +12,6 @@ The checkpoint dir holds config.json (model_type verispec_compressed), model.saf
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from verispec.models.compressed import CompressedForCausalLM, save_checkpoint
 from verispec.models.llama import load_checkpoint, parameter_count
 from verispec.train import corpus
-from verispec.train.artifacts import CHECKPOINT_DTYPE, TOKENIZER_FILES, plot_losses, write_json
+from verispec.train.artifacts import CHECKPOINT_DTYPE, copy_tokenizer, plot_losses, write_json
 from verispec.train.evaluate import evaluate_draft, heldout_windows
 from verispec.train.loop import BudgetedLoop
 from verispec.train.losses import next_token_loss
@@ -33,9 +32,7 @@ logger = logging.getLogger(__name__)
 
 def export(model: CompressedForCausalLM, out_dir: str | Path, tokenizer_dir: str | Path) -> None:
     save_checkpoint(model, out_dir, dtype=CHECKPOINT_DTYPE)
-    for name in TOKENIZER_FILES:
-        if (Path(tokenizer_dir) / name).exists():
-            shutil.copyfile(Path(tokenizer_dir) / name, Path(out_dir) / name)
+    copy_tokenizer(tokenizer_dir, out_dir)
 
 
 def train_compressed(recipe: CompressedRecipe, minutes: float, out_dir: str | Path, run_dir: str | Path,

@@ -19,7 +19,10 @@ from verispec.train.token_stream import DEFAULT_MIX
 
 EOS_TOKEN_ID = 0  # <|endoftext|>, see chat_format.SPECIAL_TOKENS
 VOCAB_SIZE = 8192
-TOKENIZER_DIR = "verispec/data/tokenizer"
+# The shipped tokenizer lives in the checkpoint dirs (one copy each, as HF expects); `verispec train
+# tokenizer` writes a fresh one to runs/tokenizer/model, to pass to `verispec train target --tokenizer`.
+TOKENIZER_DIR = "verispec/data/target"
+NEW_TOKENIZER_DIR = "runs/tokenizer/model"
 TARGET_DIR = "verispec/data/target"
 DRAFT_DIR = "verispec/data/draft"
 COMPRESSED_DIR = "runs/compressed/model"  # not shipped: trained on demand for issue-6 figures

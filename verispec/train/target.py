@@ -1,7 +1,7 @@
 """Train the default target from scratch with the LayerSkip recipe, within a wall-clock budget.
 
     metrics = train_target(TargetRecipe(), minutes=75, out_dir="verispec/data/target",
-                           run_dir="runs/target", tokenizer_dir="verispec/data/tokenizer")
+                           run_dir="runs/target", tokenizer_dir="verispec/data/target")
     metrics["heldout"]["code"]["final"]["loss"], metrics["heldout"]["code"]["exit4"]["greedy_agreement"]
 
 The run dir collects train.log, metrics.json, loss.png and checkpoint-latest/ (refreshed every

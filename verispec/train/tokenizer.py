@@ -1,9 +1,9 @@
 """Train and save the byte-level BPE tokenizer of the default model pair.
 
     tokenizer = train_tokenizer()                    # ~1 minute on 2 CPU cores
-    save_tokenizer(tokenizer, "verispec/data/tokenizer")
+    save_tokenizer(tokenizer, "runs/tokenizer/model")
     from transformers import AutoTokenizer
-    AutoTokenizer.from_pretrained("verispec/data/tokenizer").eos_token
+    AutoTokenizer.from_pretrained("runs/tokenizer/model").eos_token
     '<|endoftext|>'
 
 Byte-level means every string round-trips (no unknown token). The special tokens of `chat_format`

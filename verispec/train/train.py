@@ -1,6 +1,6 @@
 """Command line for the default-pair recipes: ``verispec train tokenizer | target | draft``.
 
-    $ python -m verispec.train.train tokenizer                       # -> verispec/data/tokenizer
+    $ python -m verispec.train.train tokenizer                       # -> runs/tokenizer/model
     $ python -m verispec.train.train target --minutes 75             # -> verispec/data/target, runs/target
     $ python -m verispec.train.train draft --minutes 30              # -> verispec/data/draft, runs/draft
     $ python -m verispec.train.train compressed --minutes 10         # -> runs/compressed/model (not shipped)
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, TARGET_DIR, TOKENIZER_DIR, CompressedRecipe,
-                                    DraftRecipe, TargetRecipe)
+from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, NEW_TOKENIZER_DIR, TARGET_DIR, TOKENIZER_DIR,
+                                    CompressedRecipe, DraftRecipe, TargetRecipe)
 
 logger = logging.getLogger(__name__)
 DEFAULT_THREADS = 2
@@ -33,13 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     tokenizer = commands.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
-    tokenizer.add_argument("--out", default=TOKENIZER_DIR)
+    tokenizer.add_argument("--out", default=NEW_TOKENIZER_DIR)
     tokenizer.add_argument("--stats", default="runs/tokenizer/corpus_stats.json",
                            help="where to write document / token counts per workload and split")
 
     target = commands.add_parser("target", help="train the target model (LayerSkip recipe)")
     target.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
-    target.add_argument("--tokenizer", default=TOKENIZER_DIR)
+    target.add_argument("--tokenizer", default=TOKENIZER_DIR,
+                        help="tokenizer dir (default: the shipped one, in the target checkpoint dir)")
     target.add_argument("--out", default=TARGET_DIR)
     target.add_argument("--run-dir", default="runs/target")
 
