@@ -229,7 +229,11 @@ class Generation:
     def _record(self, record: RoundRecord, chunk: list[int], gap_s: float) -> None:
         record.other_s = max(0.0, gap_s - record.draft_s - record.verify_s - record.state_s)
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
-            self.engine.gamma_policy.observe(1, record.drafted, record.total_s, [record.accepted], [record.drafted])
+            # A backlog the draft fed first (the prompt, or tokens committed at gamma 0) is not
+            # what this round's gamma costs: the policy would otherwise blame whichever gamma follows.
+            backlog_s = getattr(self.engine.drafter, "backlog_s", 0.0) if record.drafted else 0.0
+            self.engine.gamma_policy.observe(1, record.drafted, record.total_s - backlog_s, [record.accepted],
+                                             [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
         if chunk:

@@ -11,6 +11,8 @@ re-fed next round with the new token (one forward either way).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from verispec.config import SamplingParams, SiblingMode, TreeShape
@@ -19,6 +21,8 @@ from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import TokenTree
 
+BACKLOG_TOKENS = 2  # a chain round leaves at most x_K and the bonus or recovered token unseen
+
 
 class DraftModelDrafter:
     def __init__(self, model: LlamaForCausalLM, max_len: int | None = None):
@@ -26,10 +30,14 @@ class DraftModelDrafter:
         self.max_len = max_len or model.config.max_context
         self.cache = model.new_cache(1, self.max_len)
         self.seen: list[int] = []  # tokens whose KV is committed in self.cache
+        # Seconds the last propose spent on a backlog (a new prompt, or tokens committed while
+        # speculation was off): more than the 1-2 unseen tokens a speculative round leaves behind.
+        self.backlog_s = 0.0
 
     def reset(self) -> None:
         self.cache.reset()
         self.seen = []
+        self.backlog_s = 0.0
 
     # ---- chains --------------------------------------------------------------------------------------
 
@@ -121,7 +129,11 @@ class DraftModelDrafter:
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed the committed tokens not yet seen; logits after the last one."""
         assert context[:len(self.seen)] == self.seen, "draft cache diverged from the committed context"
-        return self._feed(context[len(self.seen):])
+        unseen = context[len(self.seen):]
+        began = time.perf_counter()
+        logits = self._feed(unseen)
+        self.backlog_s = time.perf_counter() - began if len(unseen) > BACKLOG_TOKENS else 0.0
+        return logits
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True)[0, -1].cpu()
