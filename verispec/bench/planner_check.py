@@ -6,8 +6,10 @@
 2. Calibrate conditional acceptance per position with greedy chain runs (gamma 8) on calibration prompts
    (held-out prompts after the first ``--prompts`` of each workload: disjoint from the evaluation set).
 3. Evaluate, interleaved per prompt and repeated: speculation off, fixed gamma 1..8, the adaptive policy
-   and HF's heuristic (+2 if all accepted, -1 otherwise). Realised speedup = off's decode time per token
-   / the variant's (prefill excluded, as in the cost model), the median over repeats.
+   and HF's heuristic (+2 if all accepted, -1 otherwise); the two online policies first run the
+   calibration prompts once, as the planner was calibrated on them (--cold-policies: they start
+   cold). Realised speedup = off's decode time per token / the variant's (prefill excluded, as in
+   the cost model), the median over repeats.
 4. Report predicted vs realised per gamma, the planner's choice against the best realised gamma, and
    the two online policies against the best fixed gamma (the workload mixes code, chat and math). The
    cost-model error is the error left once the prediction uses the committed tokens per round the
@@ -53,14 +55,18 @@ def variants(gammas: list[int]) -> dict[str, SpecConfig]:
 
 
 def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max_tokens: int,
-             repeats: int, progress) -> dict[str, dict]:
-    """Per variant: decode seconds per token of each repeat (summed over prompts), committed per round."""
+             repeats: int, progress, learn: list[list[int]] = ()) -> dict[str, dict]:
+    """Per variant: decode seconds per token of each repeat (summed over prompts), committed per round.
+    The online policies first run the ``learn`` prompts once (the calibration set the planner was given)."""
     engines = {name: build_engine(pair, spec) for name, spec in configs.items()}
     stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
     per_repeat = {name: [] for name in configs}
     committed = {name: [0, 0] for name in configs}
     for name, engine in engines.items():  # warm-up: one-off allocations stay out of the figures
         engine.generate(prompts[0], GREEDY, configs[name], StopRules(max_tokens=8, ignore_eos=True))
+        if configs[name].enabled and configs[name].gamma_policy != "fixed":
+            for prompt in learn:
+                engine.generate(prompt, GREEDY, configs[name], stop)
     for _ in range(repeats):
         seconds = {name: 0.0 for name in configs}
         tokens = {name: 0 for name in configs}
@@ -145,6 +151,9 @@ def main(argv=None) -> int:
     parser.add_argument("--calibrate-gamma", type=int, default=None,
                         help="gamma of the calibration runs (acceptance per position up to it; in-situ costs); "
                              "default --max-gamma")
+    parser.add_argument("--cold-policies", action="store_true",
+                        help="start the adaptive and HF policies cold instead of letting them first run the "
+                             "calibration prompts the planner was calibrated on")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     args = parser.parse_args(argv)
@@ -168,7 +177,8 @@ def main(argv=None) -> int:
     acceptance = data["calibration"]["acceptance"]
     configs = variants(gammas)
     with tqdm(total=args.repeats * len(evaluation), desc="planner check", unit="prompt", file=sys.stderr) as bar:
-        measured = evaluate(pair, configs, evaluation, args.max_tokens, args.repeats, lambda: bar.update(1))
+        measured = evaluate(pair, configs, evaluation, args.max_tokens, args.repeats, lambda: bar.update(1),
+                            learn=[] if args.cold_policies else calibration)
     result = report(data, acceptance, measured, gammas)
     result["settings"] = {k: v for k, v in vars(args).items()}
     result["settings"]["evaluation_prompts"], result["settings"]["calibration_prompts"] = len(evaluation), len(calibration)
