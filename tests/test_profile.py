@@ -58,3 +58,32 @@ def test_in_situ_costs_feed_the_planner(checkpoints):
                                               + costs["state_ms"])
     assert at_calibration.speedup == pytest.approx(costs["decode_ms"] / at_calibration.ms_per_token)
     assert plans[0].speedup == pytest.approx(1.0)  # gamma 0 is plain decoding
+
+
+def test_monotone_pools_decreasing_runs():
+    from verispec.profile import monotone
+
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert monotone([8.7, 8.0, 8.2, 9.0, 8.6, 10.0]) == pytest.approx([8.3, 8.3, 8.3, 8.8, 8.8, 10.0])
+    assert monotone([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
+    # The least-squares non-decreasing fit: no other non-decreasing sequence is closer (brute check).
+    import itertools
+    values = [2.0, 1.0, 3.0, 2.5]
+    fit = monotone(values)
+    assert all(a <= b for a, b in zip(fit, fit[1:]))
+    error = sum((f - v) ** 2 for f, v in zip(fit, values))
+    grid = [x / 4 for x in range(0, 17)]
+    for candidate in itertools.product(grid, repeat=4):
+        if all(a <= b for a, b in zip(candidate, candidate[1:])):
+            assert sum((c - v) ** 2 for c, v in zip(candidate, values)) >= error - 1e-9
+
+
+def test_planner_never_prefers_a_gamma_for_a_dip_in_the_profile():
+    """A profile whose 5-position verify dips below 4 positions: after the monotone fit gamma 4's
+    verification costs at least gamma 3's."""
+    profile_data = {"verify_ms": {"1": 8.7, "2": 8.0, "3": 8.2, "4": 9.0, "5": 8.6, "6": 10.0},
+                    "decode_ms": 8.7, "draft_ms": 1.0, "state_ms": 0.1}
+    plans, _ = plan_from_profile(profile_data, acceptance=[0.8] * 5)
+    verify = [p.cycle_ms - p.gamma * 1.0 - 0.1 for p in plans[1:]]
+    assert all(a <= b + 1e-9 for a, b in zip(verify, verify[1:]))
+    assert plans[1].cycle_ms == pytest.approx(1.0 + 8.3 + 0.1)

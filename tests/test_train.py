@@ -49,6 +49,13 @@ def test_shipped_tokenizer_loads_with_chat_template():
     assert rendered == render_chat(messages, add_generation_prompt=True)
 
 
+def test_shipped_model_files_fit_the_size_limit():
+    """Issue 3: every committed model file (both checkpoint dirs, tokenizers included) in at most 40 MB."""
+    files = [f for name in ("target", "draft") for f in (DATA_DIR / name).iterdir() if f.is_file()]
+    assert {f.name for f in files} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert sum(f.stat().st_size for f in files) <= 40_000_000
+
+
 def tiny(layers=3, hidden=32, seed=0, std=0.02):
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=64,

@@ -16,7 +16,9 @@ The planner (``plan_from_profile``) combines them with the cost model: for each 
 cycle = gamma * draft_ms + verify_ms[gamma + 1] + state_ms, E[N] from the measured acceptance, and
 predicted speedup = decode_ms / (cycle / E[N]). With in-situ costs, those replace the isolated ones and
 the verify curve is mapped affinely onto them (1 position -> in-situ plain decoding, the calibration
-width -> in-situ verify time), so the profile gives only its shape. The in-situ costs are
+width -> in-situ verify time), so the profile gives only its shape. That shape is first made
+non-decreasing in the number of positions (``monotone``): more positions never cost less, and the
+profile's noise (a few percent per point) otherwise ranks neighbouring gammas at random. The in-situ costs are
 measured right next to the runs they predict and include what a real round pays around the forwards;
 the first planner check, on isolated costs alone, predicted every gamma 15-25% too high (why the two
 drifted apart, machine state or cache effects, was not isolated).
@@ -180,6 +182,19 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
     return result
 
 
+def monotone(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators:
+    each run that decreases is replaced by its mean)."""
+    pools: list[list[float]] = []  # [mean, count]
+    for value in values:
+        pools.append([value, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            (mean_b, count_b), (mean_a, count_a) = pools.pop(), pools.pop()
+            count = count_a + count_b
+            pools.append([(mean_a * count_a + mean_b * count_b) / count, count])
+    return [mean for mean, count in pools for _ in range(count)]
+
+
 def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None, max_gamma: int | None = None):
     """Predicted plans for gamma 0 (plain decoding, speedup 1 by definition) .. max_gamma from a
     profile (and its calibration, if any)."""
@@ -187,10 +202,13 @@ def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None,
     acceptance = acceptance or calibration.get("acceptance")
     if not acceptance:
         raise ValueError("no acceptance: pass --acceptance or profile with --calibrate")
-    verify = {int(n): ms for n, ms in profile_data["verify_ms"].items()}
+    positions = sorted(int(n) for n in profile_data["verify_ms"])
+    # Verifying more positions never costs less: a profiled dip is noise, and one at the wrong place
+    # (a plain decoding step measured above two positions) moved the planner's choice.
+    verify = dict(zip(positions, monotone([profile_data["verify_ms"][str(n)] for n in positions])))
     top = min(max_gamma or len(verify) - 1, len(verify) - 1)
     costs = dict(draft_ms=profile_data["draft_ms"], state_ms=profile_data["state_ms"],
-                 baseline_ms=profile_data["decode_ms"])
+                 baseline_ms=verify[1])  # the decode step, fitted with the curve
     in_situ = calibration.get("in_situ")
     if in_situ and str(calibration["gamma"] + 1) in profile_data["verify_ms"]:
         # The profile gives the verify curve's shape; the in-situ run at the calibration gamma gives
