@@ -62,6 +62,8 @@ def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max
     stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
     per_repeat = {name: [] for name in configs}
     committed = {name: [0, 0] for name in configs}
+    # Per repeat, how many rounds drafted how many tokens: which gammas the online policies chose.
+    drafted = {name: [] for name in configs}
     for name, engine in engines.items():  # warm-up: one-off allocations stay out of the figures
         engine.generate(prompts[0], GREEDY, configs[name], StopRules(max_tokens=8, ignore_eos=True))
         if configs[name].enabled and configs[name].gamma_policy != "fixed":
@@ -70,6 +72,8 @@ def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max
     for _ in range(repeats):
         seconds = {name: 0.0 for name in configs}
         tokens = {name: 0 for name in configs}
+        for name in configs:
+            drafted[name].append({})
         for prompt in prompts:
             for name, engine in engines.items():  # interleaved: the machine's noise hits every variant
                 stats = engine.generate(prompt, GREEDY, configs[name], stop).stats
@@ -77,10 +81,12 @@ def evaluate(pair, configs: dict[str, SpecConfig], prompts: list[list[int]], max
                 tokens[name] += stats.generated_tokens - 1
                 committed[name][0] += sum(r.committed for r in stats.rounds)
                 committed[name][1] += len(stats.rounds)
+                for record in stats.rounds:
+                    drafted[name][-1][record.drafted] = drafted[name][-1].get(record.drafted, 0) + 1
             progress()
         for name in configs:
             per_repeat[name].append(seconds[name] / tokens[name])
-    return {name: {"s_per_token": per_repeat[name],
+    return {name: {"s_per_token": per_repeat[name], "drafted_per_round": drafted[name],
                    "committed_per_round": committed[name][0] / max(committed[name][1], 1)} for name in configs}
 
 
@@ -113,6 +119,10 @@ def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict
         "planner_within_5pct_of_best": realised_by_gamma[choice] >= 0.95 * realised_by_gamma[best_gamma],
         "all_within_10pct": all(abs(row["error"]) <= 0.10 for row in rows),
         "adaptive_realised": realised("adaptive"), "hf_heuristic_realised": realised("hf"),
+        "speedup_per_repeat": {name: [o / v for o, v in zip(off, measured[name]["s_per_token"])]
+                               for name in ("adaptive", "hf")},
+        # Rounds per drafted-token count, per repeat (JSON keys are strings): which gammas they chose.
+        "rounds_by_drafted": {name: measured[name]["drafted_per_round"] for name in ("adaptive", "hf")},
         "adaptive_at_least_best_fixed": realised("adaptive") >= realised_by_gamma[best_gamma],
     }
 
@@ -133,6 +143,10 @@ def format_report(data: dict) -> str:
         f"best fixed {data['best_realised_speedup']:.3f}x; adaptive >= best fixed: "
         f"{'yes' if data['adaptive_at_least_best_fixed'] else 'no'}",
     ]
+    for name, repeats in data["rounds_by_drafted"].items():
+        for index, (counts, speedup) in enumerate(zip(repeats, data["speedup_per_repeat"][name])):
+            chosen = ", ".join(f"{k}:{v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+            lines.append(f"{name} repeat {index + 1}: {speedup:.3f}x; rounds by drafted tokens {chosen}")
     return "\n".join(lines)
 
 
