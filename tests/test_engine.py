@@ -192,13 +192,16 @@ def test_policy_is_not_charged_for_the_drafts_backlog(models):
 
     class Recording:
         def __init__(self, gammas):
-            self.gammas, self.seen = gammas, []
+            self.gammas, self.seen, self.charged = gammas, [], []
 
         def choose(self, batch_size, request=None):
             return self.gammas[min(len(self.seen), len(self.gammas) - 1)]
 
         def observe(self, batch_size, gamma, seconds, accepted, drafted):
             self.seen.append((gamma, seconds))
+
+        def charge(self, batch_size, seconds):
+            self.charged.append((len(self.seen), seconds))
 
     drafter = DraftModelDrafter(models["draft"])
     policy = Recording([2, 2, 0, 0, 0, 0, 2, 2, 2])
@@ -216,3 +219,7 @@ def test_policy_is_not_charged_for_the_drafts_backlog(models):
         else:
             assert seconds == pytest.approx(record.total_s), index
     assert result.tokens == plain(models["llama"], prompt, 30).tokens[:len(result.tokens)]
+    # Only the prompt's read is charged to speculation (before round 0 is observed); the backlog
+    # after gamma 0 is a one-off cost of switching back, left out of both.
+    assert len(policy.charged) == 1 and policy.charged[0][0] == 0
+    assert policy.charged[0][1] == pytest.approx(rounds[0].total_s - charged[0])

@@ -30,6 +30,13 @@ evidence. A mixed workload holds requests the draft follows well (arithmetic) an
 its own best gamma after a few rounds. Round times stay shared: a round's cost does not depend on
 whose tokens it verifies.
 
+Round times exclude the draft catching up on a backlog: what was committed while speculation was
+off is a cost of switching, paid once, and would make whichever gamma comes next look slow. The
+draft reading a new request's prompt is different: every request pays it as soon as it speculates at
+all, so engines report it through ``charge`` and it is spread over the bucket's speculative rounds
+(at batch 8 with 48-token requests it was ~10% of a round, enough to make a losing gamma look like a
+win).
+
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
 """
@@ -81,6 +88,9 @@ class AdaptiveGamma:
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
         self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
         self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
+        # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds at gamma > 0.
+        self.charged_seconds: dict[int, float] = {}
+        self.speculative_rounds: dict[int, int] = {}
         self.rounds_in_bucket: dict[int, int] = {}
         self.last_best: dict[int, int] = {}  # per bucket: the best gamma when last checked
         # Per (bucket, best gamma): rounds until the next re-measure of that best's neighbours. Keyed
@@ -113,7 +123,21 @@ class AdaptiveGamma:
             return None
         acceptance = acceptance if acceptance is not None else self.acceptance()
         tokens = expected_tokens(gamma, acceptance=acceptance) if gamma else 1.0
+        if gamma:
+            seconds += self.overhead_per_round(batch_size)
         return self.round_rows[key] * tokens / seconds
+
+    def charge(self, batch_size: int, seconds: float) -> None:
+        """Speculation's cost outside its rounds: the draft reading a new request's prompt. Plain
+        decoding never pays it, every gamma > 0 does, once per request; spread over the bucket's
+        speculative rounds it makes speculation dearer, not one gamma."""
+        bucket = self.bucket(batch_size)
+        self.charged_seconds[bucket] = self.charged_seconds.get(bucket, 0.0) + seconds
+
+    def overhead_per_round(self, batch_size: int) -> float:
+        bucket = self.bucket(batch_size)
+        rounds = self.speculative_rounds.get(bucket, 0)
+        return self.charged_seconds.get(bucket, 0.0) / rounds if rounds else 0.0
 
     def choose(self, batch_size: int, request: AcceptanceCounts | None = None) -> int:
         bucket = self.bucket(batch_size)
@@ -161,6 +185,8 @@ class AdaptiveGamma:
                 drafted_per_row: list[int]) -> None:
         """Record one round: its wall time and, per row, accepted and proposed drafts."""
         key = (self.bucket(batch_size), gamma)
+        if gamma:
+            self.speculative_rounds[key[0]] = self.speculative_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
         weight = max(self.smoothing, 1.0 / count)  # a plain mean of the first rounds, then an EMA
         old = self.round_seconds.get(key, seconds)

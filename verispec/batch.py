@@ -171,7 +171,7 @@ class BatchEngine:
         # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
         gamma = self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
-        catch_up_s = self._catch_up_alone() if max(num_drafts) else 0.0
+        prompts_s, catch_up_s = self._catch_up_alone() if max(num_drafts) else (0.0, 0.0)
         drafts, draft_probs = self._propose(num_drafts)
         drafted_at = time.perf_counter()
         verdicts = self._verify(drafts, draft_probs, num_drafts)
@@ -179,8 +179,11 @@ class BatchEngine:
         events = self._commit(verdicts, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
         # The policy judges gamma on a round's steady cost: reading a backlog is paid once per switch
-        # from gamma 0, and counting it would make the first rounds of any gamma look slow.
-        self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s,
+        # from gamma 0, and counting it would make the first rounds of any gamma look slow. Reading a
+        # new request's prompt is a cost of speculating at all: charged to speculation as a whole.
+        if prompts_s and hasattr(self.gamma_policy, "charge"):
+            self.gamma_policy.charge(len(verdicts), prompts_s)
+        self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s - prompts_s,
                                   [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,
                      (drafted_at - began, verified_at - drafted_at, now - verified_at))
@@ -234,27 +237,29 @@ class BatchEngine:
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
 
-    def _catch_up_alone(self) -> float:
+    def _catch_up_alone(self) -> tuple[float, float]:
         """Feed the draft, row by row, every row's long backlog but its last token.
 
         The draft reads a sequence lazily: its prompt, and whatever was committed while the batch ran
         at gamma 0, only once it drafts for it; a batch held at gamma 0 never runs the draft at all.
         A long backlog goes in alone, because the batched catch-up pads every row to the longest.
-        Returns the seconds it took."""
+        Returns the seconds it took for rows the draft had never read (their prompts) and for the rest."""
         if self.draft is None:
-            return 0.0
-        began = time.perf_counter()
+            return 0.0, 0.0
+        seconds = [0.0, 0.0]  # [never read before, caught up after gamma 0]
         for row, sequence in enumerate(self.rows):
             backlog = sequence.context[len(sequence.draft_seen):-1]
             if len(backlog) < CATCH_UP_ALONE:
                 continue
+            began, fresh = time.perf_counter(), not sequence.draft_seen
             view = self.draft_cache.row_view(row)
             with torch.inference_mode():
                 self.draft.forward(torch.tensor([backlog]), view, last_only=True)
             view.commit(0, len(backlog))
             self.draft_cache.sync_row(row, view)
             sequence.draft_seen.extend(backlog)
-        return time.perf_counter() - began
+            seconds[0 if fresh else 1] += time.perf_counter() - began
+        return seconds[0], seconds[1]
 
     def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
                 num_drafts: list[int]) -> list[ChainResult]:

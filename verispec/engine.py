@@ -83,6 +83,7 @@ class Generation:
         self.generated: list[int] = []
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
         self.acceptance = AcceptanceCounts()  # this request's, for the gamma policy
+        self.drafted_before = False  # has the drafter proposed for this request yet
         self.result: GenerationResult | None = None
         self.cache: KVCache = engine.target.new_cache(
             1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
@@ -229,11 +230,15 @@ class Generation:
     def _record(self, record: RoundRecord, chunk: list[int], gap_s: float) -> None:
         record.other_s = max(0.0, gap_s - record.draft_s - record.verify_s - record.state_s)
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
-            # A backlog the draft fed first (the prompt, or tokens committed at gamma 0) is not
-            # what this round's gamma costs: the policy would otherwise blame whichever gamma follows.
+            # A backlog the draft fed first is not what this round's gamma costs: the policy would
+            # blame whichever gamma follows. The prompt's is a cost of speculating at all (charged);
+            # tokens committed at gamma 0 are a one-off cost of switching back (dropped).
+            policy = self.engine.gamma_policy
             backlog_s = getattr(self.engine.drafter, "backlog_s", 0.0) if record.drafted else 0.0
-            self.engine.gamma_policy.observe(1, record.drafted, record.total_s - backlog_s, [record.accepted],
-                                             [record.drafted])
+            if backlog_s and not self.drafted_before and hasattr(policy, "charge"):
+                policy.charge(1, backlog_s)
+            self.drafted_before = self.drafted_before or record.drafted > 0
+            policy.observe(1, record.drafted, record.total_s - backlog_s, [record.accepted], [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
         if chunk:
