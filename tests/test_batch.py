@@ -262,16 +262,16 @@ def test_adaptive_policy_switches_off_when_verification_is_expensive():
 
 
 def test_charged_prompt_reading_makes_speculation_dearer():
-    """Seconds charged to speculation (the draft reading prompts) are spread over the bucket's
-    speculative rounds: gamma 1 at 1.4 plain rounds for E[N] 1.5 wins by 7% until every speculative
-    round also carries a prompt read of 0.1 plain rounds, then plain decoding is kept."""
+    """Seconds charged to speculation (the draft reading prompts) are spread over the bucket's rounds:
+    gamma 1 at 1.4 plain rounds for E[N] 1.5 wins by 7% until reads worth 0.1 plain rounds are charged
+    per round (a steady stream of new requests), then plain decoding is kept."""
     def run(charge_per_round):
         policy = AdaptiveGamma(max_gamma=1, candidates=(0, 1), explore_every=50, min_samples=1)
         chosen = []
         for _ in range(30):
             gamma = policy.choose(8)
             chosen.append(gamma)
-            if gamma and charge_per_round:
+            if charge_per_round:
                 policy.charge(8, charge_per_round)
             policy.observe(8, gamma, 0.01 * (1 + 0.4 * gamma), [1, 0] * 4 if gamma else [0] * 8, [gamma] * 8)
         return policy, chosen
@@ -311,3 +311,14 @@ def test_batch_engine_charges_prompt_reading_and_drops_gamma_zero_backlog(models
     # tokens alone (neither charged nor observed).
     assert len(policy.charged) == 1 and policy.charged[0] > 0
     assert [g for g, _ in policy.observed][:23] == [2] + [0] * 20 + [2, 2]
+
+
+def test_charges_are_spread_over_every_round_of_the_bucket():
+    """A re-measure after a long stretch at gamma 0 reads every prompt admitted meanwhile; spread over
+    the speculative rounds alone (one) that would lock speculation out for good."""
+    policy = AdaptiveGamma(max_gamma=2, candidates=(0, 1))
+    for _ in range(99):
+        policy.observe(8, 0, 0.01, [0] * 8, [0] * 8)
+    policy.charge(8, 0.05)  # the re-measure reads the prompts of everyone admitted since
+    policy.observe(8, 1, 0.014, [1, 0] * 4, [1] * 8)
+    assert policy.overhead_per_round(8) == pytest.approx(0.05 / 100)

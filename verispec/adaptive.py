@@ -33,9 +33,9 @@ whose tokens it verifies.
 Round times exclude the draft catching up on a backlog: what was committed while speculation was
 off is a cost of switching, paid once, and would make whichever gamma comes next look slow. The
 draft reading a new request's prompt is different: every request pays it as soon as it speculates at
-all, so engines report it through ``charge`` and it is spread over the bucket's speculative rounds
-(at batch 8 with 48-token requests it was ~10% of a round, enough to make a losing gamma look like a
-win).
+all, so engines report it through ``charge`` and it is spread over the bucket's rounds (at batch 8
+with 48-token requests it is several percent of a round, about the margin by which gamma 1 loses or
+wins there).
 
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
@@ -88,9 +88,9 @@ class AdaptiveGamma:
         self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
         self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
         self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
-        # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds at gamma > 0.
+        # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds observed.
         self.charged_seconds: dict[int, float] = {}
-        self.speculative_rounds: dict[int, int] = {}
+        self.observed_rounds: dict[int, int] = {}
         self.rounds_in_bucket: dict[int, int] = {}
         self.last_best: dict[int, int] = {}  # per bucket: the best gamma when last checked
         # Per (bucket, best gamma): rounds until the next re-measure of that best's neighbours. Keyed
@@ -129,14 +129,17 @@ class AdaptiveGamma:
 
     def charge(self, batch_size: int, seconds: float) -> None:
         """Speculation's cost outside its rounds: the draft reading a new request's prompt. Plain
-        decoding never pays it, every gamma > 0 does, once per request; spread over the bucket's
-        speculative rounds it makes speculation dearer, not one gamma."""
+        decoding never pays it, every gamma > 0 does, once per request. Spread over all of the
+        bucket's rounds (per round: requests admitted per round x the cost of one read, whether the
+        reads happen every round or in the occasional re-measure that reads every request admitted
+        since) it makes speculation dearer, not one gamma. Spread over the speculative rounds only,
+        a bucket that speculates rarely would pay for many reads per round and never speculate again."""
         bucket = self.bucket(batch_size)
         self.charged_seconds[bucket] = self.charged_seconds.get(bucket, 0.0) + seconds
 
     def overhead_per_round(self, batch_size: int) -> float:
         bucket = self.bucket(batch_size)
-        rounds = self.speculative_rounds.get(bucket, 0)
+        rounds = self.observed_rounds.get(bucket, 0)
         return self.charged_seconds.get(bucket, 0.0) / rounds if rounds else 0.0
 
     def choose(self, batch_size: int, request: AcceptanceCounts | None = None) -> int:
@@ -185,8 +188,7 @@ class AdaptiveGamma:
                 drafted_per_row: list[int]) -> None:
         """Record one round: its wall time and, per row, accepted and proposed drafts."""
         key = (self.bucket(batch_size), gamma)
-        if gamma:
-            self.speculative_rounds[key[0]] = self.speculative_rounds.get(key[0], 0) + 1
+        self.observed_rounds[key[0]] = self.observed_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
         weight = max(self.smoothing, 1.0 / count)  # a plain mean of the first rounds, then an EMA
         old = self.round_seconds.get(key, seconds)
