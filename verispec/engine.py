@@ -83,7 +83,6 @@ class Generation:
         self.generated: list[int] = []
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
         self.acceptance = AcceptanceCounts()  # this request's, for the gamma policy
-        self.drafted_before = False  # has the drafter proposed for this request yet
         self.result: GenerationResult | None = None
         self.cache: KVCache = engine.target.new_cache(
             1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
@@ -233,12 +232,13 @@ class Generation:
             # A backlog the draft fed first is not what this round's gamma costs: the policy would
             # blame whichever gamma follows. The prompt's is a cost of speculating at all (charged);
             # tokens committed at gamma 0 are a one-off cost of switching back (dropped).
-            policy = self.engine.gamma_policy
-            backlog_s = getattr(self.engine.drafter, "backlog_s", 0.0) if record.drafted else 0.0
-            if backlog_s and not self.drafted_before and hasattr(policy, "charge"):
-                policy.charge(1, backlog_s)
-            self.drafted_before = self.drafted_before or record.drafted > 0
-            policy.observe(1, record.drafted, record.total_s - backlog_s, [record.accepted], [record.drafted])
+            policy, drafter = self.engine.gamma_policy, self.engine.drafter
+            prompt_s = getattr(drafter, "prompt_s", 0.0) if record.drafted else 0.0
+            backlog_s = getattr(drafter, "backlog_s", 0.0) if record.drafted else 0.0
+            if prompt_s and hasattr(policy, "charge"):
+                policy.charge(1, prompt_s)
+            policy.observe(1, record.drafted, record.total_s - prompt_s - backlog_s, [record.accepted],
+                           [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
         if chunk:

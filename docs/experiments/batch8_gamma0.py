@@ -3,7 +3,7 @@ interleaved, 6 repeats of 32 greedy 48-token requests (README, serving section).
 
     OMP_NUM_THREADS=1 python docs/experiments/batch8_gamma0.py
 """
-import time, torch, statistics, random
+import time, torch, statistics
 torch.set_num_threads(1)
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.adaptive import AdaptiveGamma, FixedGamma

@@ -96,8 +96,11 @@ def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict
     by_gamma = {p.gamma: p for p in plans}
     off = measured["off"]["s_per_token"]
 
+    def per_repeat(name: str) -> list[float]:
+        return [o / v for o, v in zip(off, measured[name]["s_per_token"])]
+
     def realised(name: str) -> float:
-        return statistics.median(o / v for o, v in zip(off, measured[name]["s_per_token"]))
+        return statistics.median(per_repeat(name))
 
     rows = []
     for g in gammas:
@@ -119,8 +122,7 @@ def report(profile_data: dict, acceptance: list[float], measured: dict[str, dict
         "planner_within_5pct_of_best": realised_by_gamma[choice] >= 0.95 * realised_by_gamma[best_gamma],
         "all_within_10pct": all(abs(row["error"]) <= 0.10 for row in rows),
         "adaptive_realised": realised("adaptive"), "hf_heuristic_realised": realised("hf"),
-        "speedup_per_repeat": {name: [o / v for o, v in zip(off, measured[name]["s_per_token"])]
-                               for name in ("adaptive", "hf")},
+        "speedup_per_repeat": {name: per_repeat(name) for name in ("adaptive", "hf")},
         # Rounds per drafted-token count, per repeat (JSON keys are strings): which gammas they chose.
         "rounds_by_drafted": {name: measured[name]["drafted_per_round"] for name in ("adaptive", "hf")},
         "adaptive_at_least_best_fixed": realised("adaptive") >= realised_by_gamma[best_gamma],

@@ -30,14 +30,15 @@ class DraftModelDrafter:
         self.max_len = max_len or model.config.max_context
         self.cache = model.new_cache(1, self.max_len)
         self.seen: list[int] = []  # tokens whose KV is committed in self.cache
-        # Seconds the last propose spent on a backlog (a new prompt, or tokens committed while
-        # speculation was off): more than the 1-2 unseen tokens a speculative round leaves behind.
-        self.backlog_s = 0.0
+        # Seconds the last propose spent reading this request's prompt (the first read since reset),
+        # and on a later backlog (tokens committed while speculation was off): more than the 1-2
+        # unseen tokens a speculative round leaves behind.
+        self.prompt_s = self.backlog_s = 0.0
 
     def reset(self) -> None:
         self.cache.reset()
         self.seen = []
-        self.backlog_s = 0.0
+        self.prompt_s = self.backlog_s = 0.0
 
     # ---- chains --------------------------------------------------------------------------------------
 
@@ -129,10 +130,11 @@ class DraftModelDrafter:
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed the committed tokens not yet seen; logits after the last one."""
         assert context[:len(self.seen)] == self.seen, "draft cache diverged from the committed context"
-        unseen = context[len(self.seen):]
+        unseen, fresh = context[len(self.seen):], not self.seen
         began = time.perf_counter()
         logits = self._feed(unseen)
-        self.backlog_s = time.perf_counter() - began if len(unseen) > BACKLOG_TOKENS else 0.0
+        seconds = time.perf_counter() - began if len(unseen) > BACKLOG_TOKENS else 0.0
+        self.prompt_s, self.backlog_s = (seconds, 0.0) if fresh else (0.0, seconds)
         return logits
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
