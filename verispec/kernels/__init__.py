@@ -37,6 +37,10 @@ from torch import nn
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
 MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
+# Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
+# keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
+# experiments may flip it.
+FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
 
 _reason = "not built yet"
 
@@ -95,6 +99,10 @@ def library() -> ctypes.CDLL | None:
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
+    lib.decoder_layer.restype = None
+    lib.decoder_layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
+                                  + [ctypes.c_void_p] * 10 + [ctypes.c_int] + [ctypes.c_void_p] * 4
+                                  + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
     _reason = ""
     return lib
 
@@ -235,6 +243,93 @@ def accelerate(model: nn.Module) -> int:
                 if Group.compatible(layers):
                     Group(layers)
     return switched
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class LayerWeights:
+    """A decoder layer's weights as ``decoder_layer`` reads them: packed q|k|v and gate|up groups, the
+    o and down projections, fp32 norm weights. ``for_layer`` makes one when the layer qualifies and
+    remembers it on the layer; ``current`` says whether nothing was edited or repacked since."""
+
+    def __init__(self, layer: nn.Module):
+        attention, mlp = layer.self_attn, layer.mlp
+        self.layer = layer
+        self.qkv, self.gate_up = attention.q_proj.group, mlp.gate_proj.group
+        self.o, self.down = attention.o_proj, mlp.down_proj
+        self.single = (self.o.packed, self.down.packed)  # held: the pointers below stay valid
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.eps = float(norms[0].eps)
+        self.shape = (attention.heads, attention.kv_heads, attention.head_dim, mlp.gate_proj.out_features)
+        # every tensor whose in-place edit must reach the kernel, with its version now
+        self.watched = [t for m in (*self.qkv.layers, *self.gate_up.layers, self.o, self.down, *norms)
+                        for t in (m.weight, getattr(m, "bias", None)) if t is not None]
+        self.versions = [t._version for t in self.watched]
+        flags = 0
+        for bit, packed in enumerate((self.qkv.packed, self.o.packed, self.gate_up.packed, self.down.packed)):
+            flags |= (packed.dtype == torch.bfloat16) << bit
+        self.pointers = (_pointer(norms[0].weight), self.qkv.packed.data_ptr(), _pointer(self.qkv.bias),
+                         self.o.packed.data_ptr(), _pointer(self.o.bias), _pointer(norms[1].weight),
+                         self.gate_up.packed.data_ptr(), _pointer(self.gate_up.bias), self.down.packed.data_ptr(),
+                         _pointer(self.down.bias), flags)
+
+    @staticmethod
+    def for_layer(layer: nn.Module) -> "LayerWeights | None":
+        weights = getattr(layer, "_fused_weights", None)
+        if weights is not None and weights.current():
+            return weights
+        attention, mlp = layer.self_attn, layer.mlp
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        linears = (attention.q_proj, attention.o_proj, mlp.gate_proj, mlp.down_proj)
+        if not (all(isinstance(m, SmallRowsLinear) for m in linears)
+                and attention.q_proj.group is not None and mlp.gate_proj.group is not None
+                and attention.q_proj.group.layers == (attention.q_proj, attention.k_proj, attention.v_proj)
+                and mlp.gate_proj.group.layers == (mlp.gate_proj, mlp.up_proj)
+                and attention.q_proj.group.current() and mlp.gate_proj.group.current()
+                and all(m.weight._version == m.packed_version for m in (attention.o_proj, mlp.down_proj))
+                and all(n.weight.dtype == torch.float32 and n.weight.is_contiguous() for n in norms)
+                and norms[0].eps == norms[1].eps and attention.head_dim % 8 == 0
+                and attention.heads % attention.kv_heads == 0):
+            return None
+        weights = LayerWeights(layer)
+        layer._fused_weights = weights
+        return weights
+
+    def current(self) -> bool:
+        """Nothing edited in place, repacked or regrouped since these pointers were taken."""
+        attention = self.layer.self_attn
+        return ([t._version for t in self.watched] == self.versions
+                and attention.q_proj.group is self.qkv and self.layer.mlp.gate_proj.group is self.gate_up
+                and self.o.packed is self.single[0] and self.down.packed is self.single[1])
+
+
+def fused_applies(x: torch.Tensor, cache) -> bool:
+    """Whether ``decoder_layer`` can run a pass over x (B, T, H) with this cache: few fp32 CPU rows
+    without autograd, a KV cache of fp32 rows laid out (B, Hkv, S, D) per layer, and the library."""
+    keys = getattr(cache, "keys", None)
+    if keys is None or not _few_rows(x, x.shape[-1]) or x.shape[-1] % 8 or library() is None:
+        return False
+    layer_keys, layer_values = keys[0], cache.values[0]
+    return (keys.dtype == torch.float32 and not keys.is_cuda and layer_keys.stride() == layer_values.stride()
+            and layer_keys[0].is_contiguous() and layer_values[0].is_contiguous()
+            and layer_keys.stride(0) == layer_keys[0].numel())
+
+
+def decoder_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                  layer: int, lengths: torch.Tensor, mask: torch.Tensor | None, num_slots: int) -> None:
+    """One decoder layer in place on x (B, T, H) contiguous, as ``DecoderLayer.forward`` computes it
+    (within float rounding), writing the layer's new KV at each row's length. cos/sin (B, T, D)
+    contiguous, lengths int64 (B,), mask bool (B, 1, T, S) contiguous or None. Call only when
+    ``fused_applies`` and ``LayerWeights.for_layer`` said yes."""
+    batch, num_new, hidden = x.shape
+    heads, kv_heads, head_dim, intermediate = weights.shape
+    keys, values = cache.keys[layer], cache.values[layer]
+    library().decoder_layer(x.data_ptr(), batch, num_new, hidden, heads, kv_heads, head_dim, intermediate,
+                            weights.eps, *weights.pointers, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                            values.data_ptr(), cache.max_len, lengths.data_ptr(), num_slots,
+                            None if mask is None else mask.data_ptr(), torch.get_num_threads())
 
 
 def status(model: nn.Module | None = None) -> str:

@@ -263,8 +263,18 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self._rotary(positions)
         num_slots = max(cache.lengths) + num_new
         mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device)
+        fused = kernels.FUSED_LAYERS and kernels.fused_applies(x, cache)
+        if fused:  # each layer in one native call (in place on a private copy of x)
+            x, lengths = x.clone(memory_format=torch.contiguous_format), torch.tensor(cache.lengths)
+            cos, sin = cos.contiguous(), sin.contiguous()
+            mask = None if mask is None else mask.contiguous()
         for index in range(start, stop):
-            x = self.model.layers[index](x, cos, sin, cache, index, mask, num_slots)
+            layer = self.model.layers[index]
+            weights = kernels.LayerWeights.for_layer(layer) if fused else None
+            if weights is not None:
+                kernels.decoder_layer(weights, x, cos, sin, cache, index, lengths, mask, num_slots)
+            else:
+                x = layer(x, cos, sin, cache, index, mask, num_slots)
         return x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

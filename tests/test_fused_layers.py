@@ -1,0 +1,206 @@
+"""Whole decoder layers in one native call (``kernels.decoder_layer``): the same logits and KV cache as
+the per-op torch path for every kind of pass the engines make (prefill, decode, chain verification,
+trees with staged nodes, ragged batches, early exit), row results independent of the pass, and the
+fallbacks (edited weights, disabled, too many rows)."""
+
+import pytest
+import torch
+
+from verispec import kernels
+from verispec.config import SamplingParams, SpecConfig
+from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.engine import SpecEngine
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+from verispec.stopping import StopRules
+
+pytestmark = pytest.mark.skipif(kernels.library() is None,
+                                reason=f"kernel unavailable here: {kernels.status()}")
+
+CONFIGS = {
+    "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
+    "mqa": dict(num_attention_heads=4, num_key_value_heads=1),
+    "mha_bias": dict(num_attention_heads=2, num_key_value_heads=2, attention_bias=True, mlp_bias=True),
+}
+
+
+def _model(name: str, bf16: bool = True, seed: int = 0, layers: int = 3) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                         max_position_embeddings=128, **CONFIGS[name])
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))  # non-trivial norms and biases
+            if bf16:
+                parameter.copy_(parameter.to(torch.bfloat16).float())
+    assert kernels.accelerate(model) > 0
+    return model
+
+
+class Fused:
+    """Context: kernels.FUSED_LAYERS set to ``on``; counts decoder_layer calls."""
+
+    def __init__(self, on: bool, monkeypatch):
+        self.on, self.calls = on, 0
+        original = kernels.decoder_layer
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(kernels, "decoder_layer", counting)
+        self.monkeypatch = monkeypatch
+
+    def __enter__(self):
+        self.monkeypatch.setattr(kernels, "FUSED_LAYERS", self.on)
+        return self
+
+    def __exit__(self, *exc):
+        self.monkeypatch.setattr(kernels, "FUSED_LAYERS", True)
+
+
+def _passes(model, cache, fused_on, monkeypatch):
+    """The engines' kinds of passes on one cache; returns every logits tensor and the context."""
+    out = []
+    with Fused(fused_on, monkeypatch) as fused:
+        tokens = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+        out.append(model.forward(tokens[:, :10], cache))  # prefill, causal mask over 10 rows
+        cache.commit(0, 10)
+        for step in range(10, 14):  # decode
+            out.append(model.forward(tokens[:, step:step + 1], cache))
+            cache.commit(0, 1)
+        out.append(model.forward(tokens[:, 14:19], cache))  # chain verification, 2 accepted
+        cache.commit(0, 2)
+        # a tree: root, two children, a grandchild under the second child
+        tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+        out.append(model.forward(tokens[:, 20:24], cache, tree_mask=tree, depths=torch.tensor([0, 1, 1, 2])))
+        cache.compact(0, [cache.lengths[0], cache.lengths[0] + 2, cache.lengths[0] + 3])
+        # staged drafting: two nodes of this round already in the cache, two new siblings
+        cache.commit(0, 0)
+        out.append(model.forward(tokens[:, 24:26], cache))
+        cache.commit(0, 2)
+        staged_mask = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)
+        out.append(model.forward(tokens[:, 26:28], cache, tree_mask=staged_mask, depths=torch.tensor([1, 1]),
+                                 staged=2))
+        # early exit: 1 layer, then the rest resumed from its hidden states
+        hidden = model.run_layers(model.embed(tokens[:, 28:31]), cache, 0, 1)
+        out.append(model.run_layers(hidden, cache, 1, model.config.num_hidden_layers))
+        calls = fused.calls
+    return out, cache, calls
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fused_layers_match_the_torch_path(name, bf16, monkeypatch):
+    model = _model(name, bf16)
+    reference, reference_cache, unfused_calls = _passes(model, model.new_cache(1), False, monkeypatch)
+    got, cache, calls = _passes(model, model.new_cache(1), True, monkeypatch)
+    assert unfused_calls == 0
+    assert calls == 10 * model.config.num_hidden_layers  # every layer of every pass above (9 + early exit)
+    for want, have in zip(reference, got):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+    assert cache.lengths == reference_cache.lengths
+    written = cache.lengths[0] + 3  # the last pass's uncommitted slots too
+    torch.testing.assert_close(cache.keys[:, :, :, :written], reference_cache.keys[:, :, :, :written],
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.values[:, :, :, :written], reference_cache.values[:, :, :, :written],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_batch_matches_torch_path(monkeypatch):
+    """Rows of different lengths (the batch engine): each new token goes after its own row's prefix."""
+    model = _model("gqa")
+    results = []
+    for on in (False, True):
+        cache = model.new_cache(3)
+        with Fused(on, monkeypatch) as fused:
+            for row, length in enumerate((5, 9, 2)):
+                view = cache.row_view(row)
+                model.forward(torch.arange(length)[None] + row, view)
+                view.commit(0, length)
+                cache.sync_row(row, view)
+            first = model.forward(torch.tensor([[7], [8], [9]]), cache)
+            for row in range(3):
+                cache.commit(row, 1)
+            second = model.forward(torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]), cache)
+        results.append((first, second, fused.calls))
+    (want1, want2, _), (got1, got2, calls) = results
+    assert calls > 0
+    torch.testing.assert_close(got1, want1, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got2, want2, rtol=1e-4, atol=1e-4)
+
+
+def test_a_token_gets_the_same_bits_alone_or_verified_with_others(monkeypatch):
+    """Every row is computed on its own in a fixed order: decoding a token alone and verifying it
+    among others give bit-identical logits (speculation sees exactly plain decoding's numbers)."""
+    model = _model("gqa")
+    tokens = torch.randint(0, 96, (1, 14), generator=torch.Generator().manual_seed(3))
+    with Fused(True, monkeypatch):
+        together_cache = model.new_cache(1)
+        model.forward(tokens[:, :8], together_cache)
+        together_cache.commit(0, 8)
+        together = model.forward(tokens[:, 8:14], together_cache)
+        alone_cache = model.new_cache(1)
+        model.forward(tokens[:, :8], alone_cache)
+        alone_cache.commit(0, 8)
+        for step in range(8, 14):
+            alone = model.forward(tokens[:, step:step + 1], alone_cache)
+            alone_cache.commit(0, 1)
+            assert torch.equal(alone[0, 0], together[0, step - 8])
+
+
+def test_threads_do_not_change_results(monkeypatch):
+    model = _model("mqa")
+    tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    outputs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with Fused(True, monkeypatch):
+                outputs.append(model.forward(tokens, model.new_cache(1)))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def test_weights_edited_in_place_reach_the_fused_path(monkeypatch):
+    model = _model("gqa")
+    tokens = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(5))
+    with Fused(True, monkeypatch):
+        model.forward(tokens, model.new_cache(1))  # pointers taken
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
+            model.model.layers[0].input_layernorm.weight.mul_(0.5)
+            model.model.layers[2].self_attn.k_proj.weight.add_(0.1)
+        got = model.forward(tokens, model.new_cache(1))
+    with Fused(False, monkeypatch):
+        want = model.forward(tokens, model.new_cache(1))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_passes_beyond_the_row_limit_and_disabled_use_torch(monkeypatch):
+    model = _model("gqa")
+    tokens = torch.randint(0, 96, (1, kernels.MAX_ROWS + 1))
+    with Fused(True, monkeypatch) as fused:
+        model.forward(tokens, model.new_cache(1))
+    assert fused.calls == 0
+    with Fused(False, monkeypatch) as fused:
+        model.forward(tokens[:, :4], model.new_cache(1))
+    assert fused.calls == 0
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=20)])
+def test_speculation_with_fused_layers_matches_unfused(sampling, monkeypatch):
+    """The same seed gives the same tokens with and without fused layers (greedy: equal to plain)."""
+    target, draft = _model("gqa", seed=0, layers=3), _model("mqa", seed=1, layers=1)
+    prompt = list(range(1, 9))
+    spec = SpecConfig(gamma=3)
+    outputs = []
+    for on in (False, True):
+        with Fused(on, monkeypatch):
+            engine = SpecEngine(target, DraftModelDrafter(draft))
+            outputs.append(engine.generate(prompt, sampling, spec, StopRules(max_tokens=30), seed=11).tokens)
+            if sampling.temperature == 0:
+                plain = engine.generate(prompt, sampling, SpecConfig(method="none"), StopRules(max_tokens=30)).tokens
+                assert outputs[-1] == plain
+    assert outputs[0] == outputs[1]
