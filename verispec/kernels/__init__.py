@@ -321,7 +321,8 @@ def decoder_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin
                   layer: int, lengths: torch.Tensor, mask: torch.Tensor | None, num_slots: int) -> None:
     """One decoder layer in place on x (B, T, H) contiguous, as ``DecoderLayer.forward`` computes it
     (within float rounding), writing the layer's new KV at each row's length. cos/sin (B, T, D)
-    contiguous, lengths int64 (B,), mask bool (B, 1, T, S) contiguous or None. Call only when
+    contiguous, lengths int64 (B,), mask bool (B, 1, T, S) contiguous, or None for causal (each token
+    sees its row's slots up to its own). Call only when
     ``fused_applies`` and ``LayerWeights.for_layer`` said yes."""
     batch, num_new, hidden = x.shape
     heads, kv_heads, head_dim, intermediate = weights.shape

@@ -141,7 +141,8 @@ void rms_norm(const float *x, const float *weight, float *y, long rows, long n, 
  *
  * Cache layout of the layer: keys/values (B, Hkv, max_len, D), contiguous per row; new token t of row b
  * goes to slot lengths[b] + t. Token (b, t) attends to the slots s < S with mask[(b * T + t) * S + s]
- * != 0, or to every slot s < S when mask is NULL (one new token per row after equal prefixes). Each
+ * != 0, or, when mask is NULL, causally: to the slots s <= lengths[b] + t (its row's prefix, the
+ * pass's earlier tokens of that row and itself; trees and staged nodes pass a mask). Each
  * query row is computed on its own with slots in ascending order, so a token's output does not depend
  * on which other tokens share the call (like the projections above).
  *
@@ -204,21 +205,22 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
             const float *kbase = keys + (b * kv_heads + g) * max_len * D;
             const float *vbase = values + (b * kv_heads + g) * max_len * D;
             const uint8_t *visible = mask ? mask + m * S : NULL;
+            const long end = mask ? S : lengths[b] + m % T + 1;  /* slots 0..end-1 considered */
             float top = -INFINITY;
-            for (long s = 0; s < S; s++) {
+            for (long s = 0; s < end; s++) {
                 if (visible && !visible[s]) continue;
                 scores[s] = dot(q, kbase + s * D, D) * scale;
                 if (scores[s] > top) top = scores[s];
             }
             float total = 0.0f;
-            for (long s = 0; s < S; s++) {
+            for (long s = 0; s < end; s++) {
                 if (visible && !visible[s]) continue;
                 scores[s] = expf(scores[s] - top);
                 total += scores[s];
             }
             float *out = att + m * heads * D + head * D;
             for (long d = 0; d < D; d++) out[d] = 0.0f;
-            for (long s = 0; s < S; s++) {
+            for (long s = 0; s < end; s++) {
                 if (visible && !visible[s]) continue;
                 const float p = scores[s] / total;
                 const float *v = vbase + s * D;

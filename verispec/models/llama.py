@@ -257,24 +257,33 @@ class LlamaForCausalLM(nn.Module):
         if tree_mask is not None:
             tree_mask = tree_mask.to(x.device)
         bases = [length - staged for length in cache.lengths]
-        if depths is None:
-            depths = torch.arange(staged, staged + num_new, device=x.device)
-        positions = torch.tensor(bases, device=x.device)[:, None] + depths.expand(batch, num_new)  # (B, T)
-        cos, sin = self._rotary(positions)
         num_slots = max(cache.lengths) + num_new
-        mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device)
         fused = kernels.FUSED_LAYERS and kernels.fused_applies(x, cache)
-        if fused:  # each layer in one native call (in place on a private copy of x)
+        if fused and batch == 1 and depths is None:  # consecutive positions: rows of the rotary tables
+            cos, sin = self._rotary_rows(bases[0] + staged, num_new)  # (T, D)
+        else:
+            if depths is None:
+                depths = torch.arange(staged, staged + num_new, device=x.device)
+            positions = torch.tensor(bases, device=x.device)[:, None] + depths.expand(batch, num_new)  # (B, T)
+            cos, sin = self._rotary(positions)  # (B, T, D)
+        # The native layer is causal by itself (row b's token t sees slots < its own); a mask only
+        # for trees and staged nodes. Torch's layer gets the full mask, built once if needed.
+        native_mask = None
+        if fused:
             x, lengths = x.clone(memory_format=torch.contiguous_format), torch.tensor(cache.lengths)
             cos, sin = cos.contiguous(), sin.contiguous()
-            mask = None if mask is None else mask.contiguous()
+            if tree_mask is not None or staged:
+                native_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device).contiguous()
+        torch_mask: torch.Tensor | None | str = "unset"
         for index in range(start, stop):
             layer = self.model.layers[index]
             weights = kernels.LayerWeights.for_layer(layer) if fused else None
             if weights is not None:
-                kernels.decoder_layer(weights, x, cos, sin, cache, index, lengths, mask, num_slots)
-            else:
-                x = layer(x, cos, sin, cache, index, mask, num_slots)
+                kernels.decoder_layer(weights, x, cos, sin, cache, index, lengths, native_mask, num_slots)
+                continue
+            if torch_mask == "unset":
+                torch_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device)
+            x = layer(x, *self._broadcast_rotary(cos, sin, batch, num_new), cache, index, torch_mask, num_slots)
         return x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -285,15 +294,30 @@ class LlamaForCausalLM(nn.Module):
         """Final norm + LM head: (..., H) -> (..., V)."""
         return self.lm_head(self.model.norm(hidden))
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        needed = int(positions.max()) + 1
-        if self._tables is None or self._tables[0].shape[0] < needed or \
-                self._tables[0].device != positions.device:
+    def _rotary_tables(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin tables covering positions 0..needed-1 (grown on demand)."""
+        if self._tables is None or self._tables[0].shape[0] < needed or self._tables[0].device != device:
             size = max(needed, self.config.max_position_embeddings)
             self._tables = rotary_tables(self.rope_frequencies, self.attention_factor, size,
-                                         self.lm_head.weight.dtype, positions.device)
-        cos, sin = self._tables
-        return cos[positions][:, :, None], sin[positions][:, :, None]  # (B, T, 1, D)
+                                         self.lm_head.weight.dtype, device)
+        return self._tables
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B, T, D) at positions (B, T)."""
+        cos, sin = self._rotary_tables(int(positions.max()) + 1, positions.device)
+        return cos[positions], sin[positions]
+
+    def _rotary_rows(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, D) at positions first..first+count-1: views of the tables, no gather."""
+        cos, sin = self._rotary_tables(first + count, self.lm_head.weight.device)
+        return cos[first:first + count], sin[first:first + count]
+
+    @staticmethod
+    def _broadcast_rotary(cos: torch.Tensor, sin: torch.Tensor, batch: int, num_new: int):
+        """(T, D) or (B, T, D) -> (B, T, 1, D), as torch's attention layer broadcasts them."""
+        shape = (batch, num_new, 1, cos.shape[-1])
+        return cos.reshape(-1, num_new, 1, cos.shape[-1]).expand(shape), \
+            sin.reshape(-1, num_new, 1, sin.shape[-1]).expand(shape)
 
     # ---- training / full-sequence scoring ---------------------------------------------------------
 
@@ -304,7 +328,7 @@ class LlamaForCausalLM(nn.Module):
         (LayerSkip's layer dropout)."""
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
-        cos, sin = self._rotary(positions)
+        cos, sin = self._broadcast_rotary(*self._rotary(positions), batch, length)
         x = self.model.embed_tokens(input_ids)
         hidden = {}
         for index, layer in enumerate(self.model.layers):
