@@ -41,6 +41,7 @@ MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
 FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
+MAX_FUSED = 16  # rows per fused pass
 
 _reason = "not built yet"
 
@@ -121,9 +122,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor) -> bool:
-    """The kernel's domain: at most MAX_ROWS rows of ``width`` fp32 values on the CPU, no autograd."""
-    return (x.dtype == torch.float32 and not x.is_cuda and x.numel() <= MAX_ROWS * width
+def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor, limit: int | None = None) -> bool:
+    """The kernel's domain: at most MAX_ROWS (or ``limit``) rows of ``width`` fp32 values on the CPU,
+    no autograd."""
+    return (x.dtype == torch.float32 and not x.is_cuda and x.numel() <= (limit or MAX_ROWS) * width
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *parameters))))
 
 
@@ -309,7 +311,7 @@ def fused_applies(x: torch.Tensor, cache) -> bool:
     """Whether ``decoder_layer`` can run a pass over x (B, T, H) with this cache: few fp32 CPU rows
     without autograd, a KV cache of fp32 rows laid out (B, Hkv, S, D) per layer, and the library."""
     keys = getattr(cache, "keys", None)
-    if keys is None or not _few_rows(x, x.shape[-1]) or x.shape[-1] % 8 or library() is None:
+    if keys is None or not _few_rows(x, x.shape[-1], limit=MAX_FUSED) or x.shape[-1] % 8 or library() is None:
         return False
     layer_keys, layer_values = keys[0], cache.values[0]
     return (keys.dtype == torch.float32 and not keys.is_cuda and layer_keys.stride() == layer_values.stride()

@@ -6,8 +6,8 @@
  * bf16 value is the high half of a float), halving the traffic of a bf16 checkpoint.
  *
  * Shape letters: M input rows, K input features (multiple of 8), N output features.
- * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident) and, inside, blocks of at
- * most 4 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
+ * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident) and, inside, chunks of at
+ * most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
  * strided subset of k), reduced horizontally once at the end; NB, MB and KU are compile-time constants
  * after inlining. KU is 1 everywhere so that every output is summed in the same order whatever M is:
  * a row's result does not depend on which other rows share the call (verification and plain decoding
@@ -47,7 +47,7 @@ INLINE float hsum(__m256 v) {
  * rows m0 .. m0 + MB - 1. */
 INLINE void block(const float *x, const void *w, int bf16, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
-    __m256 acc[4][4];
+    __m256 acc[4][6];
     long rows[4];
     for (int a = 0; a < NB; a++) {
         rows[a] = (n0 + a < N ? n0 + a : N - 1) * K;
@@ -74,15 +74,24 @@ INLINE void block(const float *x, const void *w, int bf16, float *y, const float
     }
 }
 
-/* Weight rows n0 .. n0 + 3 against every input row: 8 accumulators per block whatever M is. */
+/* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
+ * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks). */
 INLINE void weight_block(const float *x, const void *w, int bf16, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     long m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) {
-        block(x, w, bf16, y, bias, K, N, m0, 4, n0, 2);
-        block(x, w, bf16, y, bias, K, N, m0, 4, n0 + 2, 2);
+    for (; M - m0 >= 6; m0 += 6) {
+        block(x, w, bf16, y, bias, K, N, m0, 6, n0, 2);
+        block(x, w, bf16, y, bias, K, N, m0, 6, n0 + 2, 2);
     }
     switch (M - m0) {
+    case 5:
+        block(x, w, bf16, y, bias, K, N, m0, 5, n0, 2);
+        block(x, w, bf16, y, bias, K, N, m0, 5, n0 + 2, 2);
+        break;
+    case 4:
+        block(x, w, bf16, y, bias, K, N, m0, 4, n0, 2);
+        block(x, w, bf16, y, bias, K, N, m0, 4, n0 + 2, 2);
+        break;
     case 3:
         block(x, w, bf16, y, bias, K, N, m0, 3, n0, 2);
         block(x, w, bf16, y, bias, K, N, m0, 3, n0 + 2, 2);
@@ -197,39 +206,54 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
     const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scores = malloc(sizeof(float) * S);
+        float *scores = malloc(sizeof(float) * S * group);
+        long *slots = malloc(sizeof(long) * S);
 #pragma omp for schedule(static)
-        for (long job = 0; job < M * heads; job++) {
-            long m = job / heads, head = job % heads, b = m / T, g = head / group;
-            const float *q = qkv + m * width + head * D;
+        for (long job = 0; job < M * kv_heads; job++) {  /* one token and one KV head with its q heads */
+            long m = job / kv_heads, g = job % kv_heads, b = m / T;
             const float *kbase = keys + (b * kv_heads + g) * max_len * D;
             const float *vbase = values + (b * kv_heads + g) * max_len * D;
             const uint8_t *visible = mask ? mask + m * S : NULL;
             const long end = mask ? S : lengths[b] + m % T + 1;  /* slots 0..end-1 considered */
-            float top = -INFINITY;
-            for (long s = 0; s < end; s++) {
-                if (visible && !visible[s]) continue;
-                scores[s] = dot(q, kbase + s * D, D) * scale;
-                if (scores[s] > top) top = scores[s];
+            long n = 0;
+            for (long s = 0; s < end; s++)
+                if (!visible || visible[s]) slots[n++] = s;
+            for (long j = 0; j < n; j++) {  /* each key read once for the group's q heads */
+                const float *k = kbase + slots[j] * D;
+                for (long i = 0; i < group; i++)
+                    scores[i * S + j] = dot(qkv + m * width + (g * group + i) * D, k, D) * scale;
             }
-            float total = 0.0f;
-            for (long s = 0; s < end; s++) {
-                if (visible && !visible[s]) continue;
-                scores[s] = expf(scores[s] - top);
-                total += scores[s];
-            }
-            float *out = att + m * heads * D + head * D;
-            for (long d = 0; d < D; d++) out[d] = 0.0f;
-            for (long s = 0; s < end; s++) {
-                if (visible && !visible[s]) continue;
-                const float p = scores[s] / total;
-                const float *v = vbase + s * D;
-                for (long d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_loadu_ps(v + d),
-                                                              _mm256_loadu_ps(out + d)));
+            for (long i = 0; i < group; i++) {
+                float *row = scores + i * S, top = -INFINITY, total = 0.0f;
+                for (long j = 0; j < n; j++) top = row[j] > top ? row[j] : top;
+                for (long j = 0; j < n; j++) {
+                    row[j] = expf(row[j] - top);
+                    total += row[j];
+                }
+                float *out = att + m * heads * D + (g * group + i) * D;
+                for (long d0 = 0; d0 < D; d0 += 64) {  /* 8 accumulators in registers over the slots */
+                    const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
+                    __m256 acc[8];
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+                    if (lanes == 8) {
+                        for (long j = 0; j < n; j++) {
+                            const __m256 p = _mm256_set1_ps(row[j] / total);
+                            const float *v = vbase + slots[j] * D + d0;
+                            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                        }
+                    } else {
+                        for (long j = 0; j < n; j++) {
+                            const __m256 p = _mm256_set1_ps(row[j] / total);
+                            const float *v = vbase + slots[j] * D + d0;
+                            for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                        }
+                    }
+                    for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+                }
             }
         }
         free(scores);
+        free(slots);
     }
     run(att, w_o, bf16_flags & 2, o, b_o, M, heads * D, H, threads);
     for (long i = 0; i < M * H; i++) x[i] += o[i];
