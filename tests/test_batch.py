@@ -322,3 +322,20 @@ def test_charges_are_spread_over_every_round_of_the_bucket():
     policy.charge(8, 0.05)  # the re-measure reads the prompts of everyone admitted since
     policy.observe(8, 1, 0.014, [1, 0] * 4, [1] * 8)
     assert policy.overhead_per_round(8) == pytest.approx(0.05 / 100)
+
+
+def test_a_re_measured_neighbour_gets_a_fresh_estimate():
+    """gamma 1 is slow while first measured (the machine was busy), then as fast as it really is: the
+    periodic re-measure replaces the stale estimate with a fresh mean, and gamma 1 becomes the best."""
+    policy = AdaptiveGamma(max_gamma=1, candidates=(0, 1), explore_every=10)
+    busy = {"on": True}
+
+    def seconds(gamma):
+        return 0.01 if gamma == 0 else (0.03 if busy["on"] else 0.011)  # gamma 1 commits 2 per round
+
+    chosen = _drive(policy, 1, seconds, 1, 8)
+    assert chosen[-2:] == [0, 0]  # gamma 1 measured slow: plain decoding chosen
+    busy["on"] = False
+    chosen = _drive(policy, 1, seconds, 1, 30)
+    assert chosen[-5:] == [1] * 5
+    assert policy.round_seconds[(1, 1)] == pytest.approx(0.011)

@@ -55,14 +55,15 @@ def test_wider_trees_commit_more_with_a_perfect_draft(models):
 def test_kv_state_follows_accepted_path(models, shape, mode, draft_name):
     """Sampling at temperature 1, so some paths are accepted and others rejected. Top-k (deterministic)
     children of an unrelated random draft are almost never accepted, so those cases draft with the
-    target's own weights (still rejected often: a top-k child is accepted with probability p(x))."""
+    target's own weights (still rejected often: a top-k child is accepted with probability p(x)). The
+    dynamic tree learns those low rates and grows wide rather than deep, so deeper paths take longer."""
     target, draft = models["llama"], models[draft_name]
     drafter = DraftModelDrafter(draft)
     generation = SpecEngine(target, drafter).stream(
         PROMPT, SamplingParams(temperature=1.0), SpecConfig(method="tree", tree=shape, sibling_mode=mode),
-        StopRules(max_tokens=300), seed=4)
+        StopRules(max_tokens=500), seed=4)
     for count, _ in enumerate(generation):  # until some path below the root was accepted and compacted
-        if count >= 15 and sum(r.accepted > 1 for r in generation.stats.rounds) >= 2 or count == 150:
+        if count >= 15 and sum(r.accepted > 1 for r in generation.stats.rounds) >= 2 or count == 400:
             break
     assert sum(r.accepted > 1 for r in generation.stats.rounds) >= 2, "want accepted paths to compact"
     assert_cache_matches_fresh_prefill(target, generation.cache, generation.context[:-1])
@@ -108,3 +109,34 @@ def test_top_tokens_match_a_stable_descending_sort_ties_included():
                   else torch.randn(8192, generator=generator))
         count = 1 + trial % 5
         assert top_tokens(values, count) == torch.sort(values, descending=True, stable=True).indices[:count].tolist()
+
+
+def test_dynamic_tree_learns_acceptance_and_goes_deep_with_a_perfect_draft(models):
+    """Drafting with the target's own weights, every top-ranked child is accepted and no other: the
+    calibration learns that, and the later dynamic trees spend their budget on depth (a chain of
+    DYNAMIC_TREE_DEPTH drafts, all accepted, plus the bonus token)."""
+    target = models["llama"]
+    drafter = DraftModelDrafter(target)
+    engine = SpecEngine(target, drafter)
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(method="tree", tree="dynamic:7"), StopRules(max_tokens=120))
+    assert result.tokens == plain(target, max_tokens=120).tokens
+    calibration = drafter.calibration
+    assert calibration.observations() > 0
+    assert all(accepted == reached for accepted, reached in zip(calibration.accepted[0], calibration.reached[0]))
+    assert sum(calibration.accepted[1]) == 0 and sum(calibration.reached[1]) > 0
+    depth = TreeShape.parse("dynamic:7").depth
+    assert [r.committed for r in result.stats.rounds[-6:-1]] == [depth + 1] * 5
+
+
+def test_dynamic_tree_calibration_observes_every_candidate_of_reached_nodes(models):
+    """A round's observations: all candidates (kept or not) under each node of the accepted path."""
+    target, draft = models["llama"], models["draft"]
+    drafter = DraftModelDrafter(draft)
+    engine = SpecEngine(target, drafter)
+    result = engine.generate(PROMPT, GREEDY, SpecConfig(method="tree", tree="dynamic:5"), StopRules(max_tokens=30))
+    rounds = result.stats.rounds[:-1]  # the last round is not committed to the drafter
+    shape = TreeShape.parse("dynamic:5")
+    # each committed round reached 1 + accepted nodes, each with `branching` candidates at most
+    reached_nodes = sum(min(r.accepted + 1, shape.depth) for r in rounds)
+    assert 0 < drafter.calibration.observations() <= shape.branching * reached_nodes
+    assert drafter.calibration.observations() >= shape.branching * len(rounds)  # the root's, every round

@@ -20,7 +20,9 @@ reason a candidate is judged on the mean of its first ``min_samples`` (3) rounds
 one round; after that its time is an exponential moving average. A neighbour of the current best is
 re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
-that keeps losing costs a vanishing share of rounds (a re-measure after a long stretch at gamma 0 is
+that keeps losing costs a vanishing share of rounds. A re-measure is again a plain mean of
+``min_samples`` rounds that replaces the neighbour's estimate (one round blended into an average taken
+minutes earlier hardly moved it: a neighbour once measured slow stayed slow) (a re-measure after a long stretch at gamma 0 is
 expensive: the draft first catches up on every token it has not seen).
 
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
@@ -175,7 +177,11 @@ class AdaptiveGamma:
             self.explorations[key] = self.explorations.get(key, 0) + 1
             index = self.candidates.index(best)
             neighbours = [self.candidates[i] for i in (index - 1, index + 1) if 0 <= i < len(self.candidates)]
-            return neighbours[self.explorations[key] % len(neighbours)]
+            neighbour = neighbours[self.explorations[key] % len(neighbours)]
+            # A fresh mean of min_samples rounds replaces its estimate: one round blended into an old
+            # average barely moves it, so a neighbour measured slow once stayed slow for good.
+            self.samples[(bucket, neighbour)] = 0
+            return neighbour
         return best
 
     def _cap(self, bucket: int) -> int:

@@ -90,3 +90,47 @@ class TokenTree:
             path.append(node)
             node = self.parents[node]
         return path[::-1]
+
+
+class AcceptanceCalibration:
+    """How often a drafted child is accepted once its parent is reached, by the draft's probability for
+    it (10 equal bins) and its sibling rank (0 = the draft's top token), learned from verified rounds.
+
+    A dynamic tree ranks nodes by the product of these along their path rather than by the draft's own
+    cumulative probability: a draft whose probabilities are miscalibrated (the embedded draft's top
+    token is accepted ~75% of the time at a stated probability well below that) otherwise spends the
+    verification budget on siblings where depth would pay. Each (bin, rank) cell starts from the
+    draft's own belief (the bin centre) worth ``prior_weight`` observations.
+
+        >>> calibration = AcceptanceCalibration(ranks=2)
+        >>> calibration.rate(0.35, 0)              # no data: the bin centre
+        0.35
+        >>> for _ in range(12):
+        ...     calibration.observe(0.35, 0, True)
+        >>> round(calibration.rate(0.35, 0), 3)    # (12 + 4 * 0.35) / (12 + 4)
+        0.838
+    """
+
+    BINS = 10
+
+    def __init__(self, ranks: int, prior_weight: float = 4.0):
+        self.ranks, self.prior_weight = ranks, prior_weight
+        self.reached = [[0] * self.BINS for _ in range(ranks)]
+        self.accepted = [[0] * self.BINS for _ in range(ranks)]
+
+    def _cell(self, prob: float, rank: int) -> tuple[int, int]:
+        return min(rank, self.ranks - 1), min(int(prob * self.BINS), self.BINS - 1)
+
+    def rate(self, prob: float, rank: int) -> float:
+        """Estimated P(accepted | parent reached) for a child drafted with ``prob`` at ``rank``."""
+        r, b = self._cell(prob, rank)
+        prior = (b + 0.5) / self.BINS
+        return (self.accepted[r][b] + self.prior_weight * prior) / (self.reached[r][b] + self.prior_weight)
+
+    def observe(self, prob: float, rank: int, accepted: bool) -> None:
+        r, b = self._cell(prob, rank)
+        self.reached[r][b] += 1
+        self.accepted[r][b] += int(accepted)
+
+    def observations(self) -> int:
+        return sum(map(sum, self.reached))

@@ -6,11 +6,13 @@ of K chain drafts it keeps x_1..x_min(a, K-1) (x_K was never fed; a rejected dra
 the recovered token is the same id), and the next propose feeds whatever committed tokens it has not
 yet seen, starting with the previous round's recovered or bonus token. Dynamic trees feed whole levels
 with a tree mask; their staged nodes are dropped right after proposing and the accepted ones are
-re-fed next round with the new token (one forward either way).
+re-fed next round with the new token (one forward either way). Dynamic trees rank nodes by acceptance
+rates learned from the drafter's earlier rounds (``AcceptanceCalibration``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -19,7 +21,7 @@ from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import Proposal, common_prefix_length
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
-from verispec.tree import TokenTree
+from verispec.tree import AcceptanceCalibration, TokenTree
 
 BACKLOG_TOKENS = 2  # a chain round leaves at most x_K and the bonus or recovered token unseen
 
@@ -34,10 +36,15 @@ class DraftModelDrafter:
         # and on a later backlog (tokens committed while speculation was off): more than the 1-2
         # unseen tokens a speculative round leaves behind.
         self.prompt_s = self.backlog_s = 0.0
+        # Dynamic trees: acceptance by draft probability and sibling rank, kept across requests, and the
+        # last tree's candidates until its round is committed.
+        self.calibration: AcceptanceCalibration | None = None
+        self._pending_tree: tuple[int, list, set[int]] | None = None
 
     def reset(self) -> None:
         self.cache.reset()
         self.seen = []
+        self._pending_tree = None
         self.prompt_s = self.backlog_s = 0.0
 
     # ---- chains --------------------------------------------------------------------------------------
@@ -84,23 +91,29 @@ class DraftModelDrafter:
         return _tree_proposal(parents, tokens, rows, logits.shape[-1])
 
     def _propose_dynamic(self, context: list[int], shape: TreeShape) -> Proposal:
+        """Expand the ``branching`` best nodes per level, then keep the budget's best nodes; a node's
+        score is the log of its path's calibrated acceptance (``AcceptanceCalibration``), learned from
+        earlier rounds of this drafter, so depth wins where the draft's top token is reliably accepted."""
         base = len(context)
-        root_logprobs = torch.log_softmax(self._catch_up(context).float(), -1)
-        # Pool of candidate nodes: (parent pool index, token, cumulative draft log-prob, depth).
-        pool: list[tuple[int, int, float, int]] = [(-1, context[-1], 0.0, 0)]
-        frontier, frontier_logprobs = [0], [root_logprobs]
+        if self.calibration is None or self.calibration.ranks != shape.branching:
+            self.calibration = AcceptanceCalibration(shape.branching)
+        root_probs = torch.softmax(self._catch_up(context).float(), -1)
+        # Pool of candidate nodes: (parent pool index, token, cumulative log score, depth, draft prob, rank).
+        pool: list[tuple[int, int, float, int, float, int]] = [(-1, context[-1], 0.0, 0, 1.0, 0)]
+        frontier, frontier_probs = [0], [root_probs]
         staged: list[int] = []  # pool indices fed into the draft cache this round, in slot order
         for step in range(shape.depth):
             candidates = []
-            for node, logprobs in zip(frontier, frontier_logprobs):
-                values, ids = logprobs.topk(shape.branching)
-                for value, token in zip(values.tolist(), ids.tolist()):
+            for node, probs in zip(frontier, frontier_probs):
+                values, ids = probs.topk(shape.branching)
+                for rank, (prob, token) in enumerate(zip(values.tolist(), ids.tolist())):
+                    score = pool[node][2] + math.log(max(self.calibration.rate(prob, rank), 1e-9))
                     candidates.append(len(pool))
-                    pool.append((node, token, pool[node][2] + value, pool[node][3] + 1))
+                    pool.append((node, token, score, pool[node][3] + 1, prob, rank))
             if step == shape.depth - 1:
                 break
             frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
-            frontier_logprobs = self._feed_level(frontier, pool, staged)
+            frontier_probs = self._feed_level(frontier, pool, staged)
             staged += frontier
         self.cache.set_length(0, base)  # drop the staged nodes; accepted ones are re-fed next round
         self.seen = self.seen[:base]
@@ -108,7 +121,28 @@ class DraftModelDrafter:
         order = [0] + sorted(keep, key=lambda i: (pool[i][3], i))  # parent-first
         index = {old: new for new, old in enumerate(order)}
         parents = [-1] + [index[pool[i][0]] for i in order[1:]]
+        self._pending_tree = (base, pool, set(order))
         return _tree_proposal(parents, [pool[i][1] for i in order], {}, 0, deterministic=True)
+
+    def _learn_from_tree(self, context: list[int]) -> None:
+        """After a dynamic tree's round: every candidate child of each node on the accepted path (kept
+        in the tree or not) was accepted iff its token is the one committed after that node."""
+        base, pool, kept = self._pending_tree
+        self._pending_tree = None
+        children: dict[int, list[int]] = {}
+        for index, entry in enumerate(pool[1:], start=1):
+            children.setdefault(entry[0], []).append(index)
+        node, position = 0, base
+        while node in kept and position < len(context):
+            committed, following = context[position], None
+            for child in children.get(node, []):
+                accepted = pool[child][1] == committed
+                self.calibration.observe(pool[child][4], pool[child][5], accepted)
+                if accepted:
+                    following = child
+            if following is None:
+                break
+            node, position = following, position + 1
 
     def _feed_level(self, frontier: list[int], pool, staged: list[int]) -> list[torch.Tensor]:
         """Feed frontier nodes; each sees the committed context, its staged ancestors and itself."""
@@ -123,7 +157,7 @@ class DraftModelDrafter:
         logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
                                     tree_mask=mask, depths=depths, staged=len(staged))[0].cpu()
         self.cache.commit(0, len(frontier))
-        return list(torch.log_softmax(logits.float(), -1))
+        return list(torch.softmax(logits.float(), -1))
 
     # ---- cache bookkeeping -------------------------------------------------------------------------
 
@@ -145,6 +179,8 @@ class DraftModelDrafter:
 
     def commit(self, context: list[int]) -> None:
         """``context`` is now the committed sequence: keep only the KV of its tokens we have seen."""
+        if self._pending_tree is not None:
+            self._learn_from_tree(context)
         # Always leave the last committed token unseen: its logits are what the next propose needs.
         keep = min(common_prefix_length(self.seen, context), len(context) - 1)
         self.seen = self.seen[:keep]
