@@ -180,7 +180,7 @@ def test_weights_edited_in_place_reach_the_fused_path(monkeypatch):
 
 def test_passes_beyond_the_row_limit_and_disabled_use_torch(monkeypatch):
     model = _model("gqa")
-    tokens = torch.randint(0, 96, (1, kernels.MAX_ROWS + 1))
+    tokens = torch.randint(0, 96, (1, kernels.MAX_FUSED + 1))
     with Fused(True, monkeypatch) as fused:
         model.forward(tokens, model.new_cache(1))
     assert fused.calls == 0
