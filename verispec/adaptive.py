@@ -1,12 +1,12 @@
 """Choosing gamma at run time from measured costs and acceptance. Pure Python, no torch.
 
-``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), an exponential moving average of
-the wall time of a round for each candidate gamma, plus per-position conditional acceptance shared by
+``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), the median wall time of a round
+over the recent rounds of each candidate gamma, plus per-position conditional acceptance shared by
 all buckets. It predicts committed tokens per second for each gamma as
 
     rows(bucket, gamma) * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ...
 
-(rows: the moving average of the batch sizes those rounds ran with; E[N] as in costmodel)
+(rows: the median batch size of those rounds; E[N] as in costmodel)
 
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
@@ -16,13 +16,16 @@ the nearest smaller bucket already decided (verifying extra positions costs rela
 batch grows), so a large batch never pays for a round at gamma 8 once gamma 1 has lost to plain
 decoding. Speculation is chosen only when its predicted rate beats plain decoding's by ``margin``
 (3%): measured round times are noisy, and a tie should not cost the draft's work. For the same
-reason a candidate is judged on the mean of its first ``min_samples`` (3) rounds in a bucket, not on
-one round; after that its time is an exponential moving average. A neighbour of the current best is
+reason a candidate is judged on at least ``min_samples`` (3) rounds in a bucket, not on one round,
+and its time is the median of its last ``window`` (15) rounds: a round the machine or the collector
+slowed down by 2x moves a median not at all, where it moved the moving average used before by 20%
+(measured here: single gammas' estimates swung by 20-40% between checks, enough to hold the
+policy at gamma 6 on prompts where 3 was best). A neighbour of the current best is
 re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
-that keeps losing costs a vanishing share of rounds. A re-measure is again a plain mean of
-``min_samples`` rounds that replaces the neighbour's estimate (one round blended into an average taken
-minutes earlier hardly moved it: a neighbour once measured slow stayed slow) (a re-measure after a long stretch at gamma 0 is
+that keeps losing costs a vanishing share of rounds. A re-measure takes ``min_samples`` fresh rounds
+that replace the neighbour's window (one round added to rounds taken minutes earlier hardly moved the
+estimate: a neighbour once measured slow stayed slow) (a re-measure after a long stretch at gamma 0 is
 expensive: the draft first catches up on every token it has not seen).
 
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
@@ -44,6 +47,9 @@ accepted every draft, -1 otherwise.
 """
 
 from __future__ import annotations
+
+import statistics
+from collections import deque
 
 from verispec.costmodel import expected_tokens
 
@@ -81,14 +87,16 @@ class AcceptanceCounts:
 
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
-                 explore_every: int = 50, smoothing: float = 0.2, margin: float = 0.03, min_samples: int = 3,
+                 explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
                  prior_rounds: float = 8.0):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
-        self.explore_every, self.smoothing, self.margin = explore_every, smoothing, margin
+        self.explore_every, self.window, self.margin = explore_every, window, margin
         self.min_samples, self.prior_rounds = min_samples, prior_rounds
-        self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds observed
-        self.round_seconds: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA seconds
-        self.round_rows: dict[tuple[int, int], float] = {}  # (bucket, gamma) -> EMA rows of those rounds
+        self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds since last (re)start
+        # (bucket, gamma) -> the last ``window`` rounds as (seconds, rows), and their medians
+        self.recent: dict[tuple[int, int], deque[tuple[float, int]]] = {}
+        self.round_seconds: dict[tuple[int, int], float] = {}
+        self.round_rows: dict[tuple[int, int], float] = {}
         self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
         # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds observed.
         self.charged_seconds: dict[int, float] = {}
@@ -196,11 +204,12 @@ class AdaptiveGamma:
         key = (self.bucket(batch_size), gamma)
         self.observed_rounds[key[0]] = self.observed_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
-        weight = max(self.smoothing, 1.0 / count)  # a plain mean of the first rounds, then an EMA
-        old = self.round_seconds.get(key, seconds)
-        self.round_seconds[key] = (1 - weight) * old + weight * seconds
-        rows = self.round_rows.get(key, batch_size)
-        self.round_rows[key] = (1 - weight) * rows + weight * batch_size
+        recent = self.recent.setdefault(key, deque(maxlen=self.window))
+        if count == 1:
+            recent.clear()  # a first or fresh measurement replaces what was known
+        recent.append((seconds, batch_size))
+        self.round_seconds[key] = statistics.median(t for t, _ in recent)
+        self.round_rows[key] = statistics.median(r for _, r in recent)
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
             self.counts.add(accepted, drafted)
 

@@ -9,13 +9,19 @@ products are the same numbers at half the traffic).
     accelerate(model)      # every eligible nn.Linear of model uses the kernel for <= MAX_ROWS rows
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
-    status(model)          # "on (57 linear layers, 57 with bf16 weights, <= 16 rows)" or why not
+    status(model)          # "on (57 linear layers, 57 with bf16 weights, <= 16 rows; whole decoder
+                           #  layers <= 32 rows)" or why not
 
 The kernel sums every output in the same order whatever the number of rows, so a row's projection is
 bit-identical whether it is decoded alone or verified with others. It is compiled with the system C
 compiler into ``$VERISPEC_CACHE_DIR`` (default ``~/.cache/verispec``) keyed by the source's hash; where
 that fails (no compiler, no AVX2/FMA, not x86-64) or ``VERISPEC_KERNELS=0`` is set, every layer keeps
 torch's own path and ``status()`` says why. Training never uses it (it has no backward).
+
+Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to MAX_FUSED
+rows in one call (the native model's ``run_layers`` uses it where ``fused_applies`` and
+``LayerWeights.for_layer`` allow), since at these sizes torch's per-op dispatch costs more than the
+arithmetic. Row results are again independent of the other rows in the pass.
 """
 
 from __future__ import annotations
@@ -345,4 +351,5 @@ def status(model: nn.Module | None = None) -> str:
     if not layers:
         return "available, not applied to this model"
     bf16 = sum(m.packed.dtype == torch.bfloat16 for m in layers)
-    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights, <= {MAX_ROWS} rows)"
+    fused = f"whole decoder layers <= {MAX_FUSED} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
+    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights, <= {MAX_ROWS} rows; {fused})"
