@@ -177,6 +177,54 @@ static float dot(const float *a, const float *b, long n) {
     return hsum(acc);
 }
 
+/* q . k[i] for 8 keys at once (n % 8 == 0): one accumulator per key, reduced together by a transpose
+ * of horizontal adds instead of 8 separate horizontal sums. */
+INLINE __m256 dot8(const float *q, const float *const k[8], long n) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (long d = 0; d < n; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), acc[i]);
+    }
+    const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* exp(x), 8 lanes, |relative error| ~2e-7 for x in [-87, 88] (inputs are clamped there): x = n ln2 + r
+ * with |r| <= ln2 / 2 (ln2 split in two for the reduction), exp(r) by the degree-6 minimax polynomial
+ * of the Cephes library's expf, 2^n through the exponent bits. */
+INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+/* exp over n floats in place (any n: the tail goes through a padded copy). */
+static void exp_in_place(float *v, long n, float shift) {
+    long j = 0;
+    const __m256 sv = _mm256_set1_ps(shift);
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(v + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + j), sv)));
+    if (j < n) {
+        float tail[8] = {0};
+        for (long i = j; i < n; i++) tail[i - j] = v[i];
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), sv)));
+        for (long i = j; i < n; i++) v[i] = tail[i - j];
+    }
+}
+
 void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, long D, long I, float eps,
                    const float *attn_norm, const void *w_qkv, const float *b_qkv, const void *w_o,
                    const float *b_o, const float *mlp_norm, const void *w_gu, const float *b_gu,
@@ -218,7 +266,16 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
             long n = 0;
             for (long s = 0; s < end; s++)
                 if (!visible || visible[s]) slots[n++] = s;
-            for (long j = 0; j < n; j++) {  /* each key read once for the group's q heads */
+            long j = 0;
+            for (; j + 8 <= n; j += 8) {  /* 8 keys at a time, each read once for the group's q heads */
+                const float *k[8];
+                for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i] * D;
+                for (long i = 0; i < group; i++)
+                    _mm256_storeu_ps(scores + i * S + j,
+                                     _mm256_mul_ps(dot8(qkv + m * width + (g * group + i) * D, k, D),
+                                                   _mm256_set1_ps(scale)));
+            }
+            for (; j < n; j++) {
                 const float *k = kbase + slots[j] * D;
                 for (long i = 0; i < group; i++)
                     scores[i * S + j] = dot(qkv + m * width + (g * group + i) * D, k, D) * scale;
@@ -226,10 +283,8 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
             for (long i = 0; i < group; i++) {
                 float *row = scores + i * S, top = -INFINITY, total = 0.0f;
                 for (long j = 0; j < n; j++) top = row[j] > top ? row[j] : top;
-                for (long j = 0; j < n; j++) {
-                    row[j] = expf(row[j] - top);
-                    total += row[j];
-                }
+                exp_in_place(row, n, top);
+                for (long j = 0; j < n; j++) total += row[j];
                 float *out = att + m * heads * D + (g * group + i) * D;
                 for (long d0 = 0; d0 < D; d0 += 64) {  /* 8 accumulators in registers over the slots */
                     const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
@@ -260,10 +315,11 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
 
     rms_rows(x, mlp_norm, h, M, H, eps);
     run(h, w_gu, bf16_flags & 4, gu, b_gu, M, H, 2 * I, threads);
-    for (long m = 0; m < M; m++)
-        for (long i = 0; i < I; i++) {
-            float gate = gu[m * 2 * I + i], up = gu[m * 2 * I + I + i];
-            act[m * I + i] = gate / (1.0f + expf(-gate)) * up;
+    for (long m = 0; m < M; m++)  /* SiLU(gate) * up, 8 lanes (I % 8 == 0: the down projection's K) */
+        for (long i = 0; i < I; i += 8) {
+            const __m256 gate = _mm256_loadu_ps(gu + m * 2 * I + i), up = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+            const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate)));
+            _mm256_storeu_ps(act + m * I + i, _mm256_mul_ps(_mm256_div_ps(gate, sig), up));
         }
     run(act, w_down, bf16_flags & 8, o, b_down, M, I, H, threads);
     for (long i = 0; i < M * H; i++) x[i] += o[i];
