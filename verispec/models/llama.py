@@ -274,16 +274,16 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = cos.contiguous(), sin.contiguous()
             if tree_mask is not None or staged:
                 native_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device).contiguous()
-        torch_mask: torch.Tensor | None | str = "unset"
+        torch_mask: list[torch.Tensor | None] = []  # built on the first layer that takes torch's path
         for index in range(start, stop):
             layer = self.model.layers[index]
             weights = kernels.LayerWeights.for_layer(layer) if fused else None
             if weights is not None:
                 kernels.decoder_layer(weights, x, cos, sin, cache, index, lengths, native_mask, num_slots)
                 continue
-            if torch_mask == "unset":
-                torch_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device)
-            x = layer(x, *self._broadcast_rotary(cos, sin, batch, num_new), cache, index, torch_mask, num_slots)
+            if not torch_mask:
+                torch_mask.append(_attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device))
+            x = layer(x, *self._broadcast_rotary(cos, sin, batch, num_new), cache, index, torch_mask[0], num_slots)
         return x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
