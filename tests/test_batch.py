@@ -339,3 +339,25 @@ def test_a_re_measured_neighbour_gets_a_fresh_estimate():
     chosen = _drive(policy, 1, seconds, 1, 30)
     assert chosen[-5:] == [1] * 5
     assert policy.round_seconds[(1, 1)] == pytest.approx(0.011)
+
+
+def test_a_bucket_on_gamma_zero_re_measures_only_as_often_as_the_switch_is_affordable():
+    """Leaving gamma 0 at batch 16 makes the draft read every row's backlog (0.5 s here, against 30 ms
+    rounds): at a 2% budget the re-measures of gamma 1 come at least ~830 rounds apart, where without a
+    reported switching cost they come after 50, 100, 200, ... rounds."""
+    def run(switch_s):
+        policy = AdaptiveGamma(max_gamma=8, explore_every=50, min_samples=1)
+        chosen = []
+        for _ in range(2000):
+            gamma = policy.choose(16)
+            if gamma and switch_s and (not chosen or chosen[-1] == 0):  # engines report only what was read
+                policy.switching_cost(16, switch_s)
+            chosen.append(gamma)
+            policy.observe(16, gamma, 0.03 * (1 + gamma), [0] * 16, [gamma] * 16)  # speculation loses
+        return [i for i, g in enumerate(chosen) if g and i > 1]  # rounds spent on gamma 1 after the climb
+
+    free = run(0.0)
+    costly = run(0.5)
+    assert free[0] < 60 and len(free) >= 5
+    gaps = [b - a for a, b in zip(costly, costly[1:])]
+    assert costly and all(gap >= 0.5 / (0.02 * 0.03) for gap in gaps) and len(costly) < len(free)

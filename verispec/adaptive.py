@@ -25,7 +25,9 @@ re-measured ``explore_every`` rounds after the best last changed, then after 2x,
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
 that keeps losing costs a vanishing share of rounds. A re-measure takes ``min_samples`` fresh rounds
 that replace the neighbour's window (one round added to rounds taken minutes earlier hardly moved the
-estimate: a neighbour once measured slow stayed slow) (a re-measure after a long stretch at gamma 0 is
+estimate: a neighbour once measured slow stayed slow). Leaving gamma 0 makes the draft read every row's
+backlog first; engines report that through ``switching_cost``, and a bucket that settled on gamma 0
+re-measures no more often than keeps those reads under ``switch_budget`` (2%) of its time (a re-measure after a long stretch at gamma 0 is
 expensive: the draft first catches up on every token it has not seen).
 
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
@@ -88,9 +90,11 @@ class AcceptanceCounts:
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
                  explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
-                 prior_rounds: float = 8.0):
+                 prior_rounds: float = 8.0, switch_budget: float = 0.02):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
+        self.switch_budget = switch_budget
+        self.switch_seconds: dict[int, float] = {}  # per bucket: the last switch from gamma 0's draft reads
         self.min_samples, self.prior_rounds = min_samples, prior_rounds
         self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds since last (re)start
         # (bucket, gamma) -> the last ``window`` rounds as (seconds, rows), and their medians
@@ -147,6 +151,22 @@ class AdaptiveGamma:
         bucket = self.bucket(batch_size)
         self.charged_seconds[bucket] = self.charged_seconds.get(bucket, 0.0) + seconds
 
+    def switching_cost(self, batch_size: int, seconds: float) -> None:
+        """What the draft read before a round that followed plain decoding (prompts admitted meanwhile
+        and every row's backlog). Not a cost of the round's gamma, but of leaving gamma 0: it sets how
+        rarely a bucket that settled on gamma 0 may re-measure gamma 1 (``switch_budget``)."""
+        self.switch_seconds[self.bucket(batch_size)] = seconds
+
+    def _affordable_wait(self, bucket: int, best: int) -> int:
+        """Rounds to wait before re-measuring a neighbour of ``best`` so that switching from gamma 0
+        costs at most ``switch_budget`` of the rounds' time (0 when the best speculates: its draft is
+        caught up). At batch 16 after 50 plain rounds the draft reads 16 rows of backlog, hundreds of
+        tokens each: re-measuring every 50 rounds made that a recurring ~10% of the time."""
+        seconds, plain = self.switch_seconds.get(bucket, 0.0), self.round_seconds.get((bucket, 0))
+        if best or not seconds or not plain:
+            return 0
+        return int(seconds / (self.switch_budget * plain)) + 1
+
     def overhead_per_round(self, batch_size: int) -> float:
         bucket = self.bucket(batch_size)
         rounds = self.observed_rounds.get(bucket, 0)
@@ -175,12 +195,12 @@ class AdaptiveGamma:
         key = (bucket, best)
         if key not in self.next_explore:  # a new best: re-measure its neighbours soon
             self.interval[key] = self.explore_every
-            self.next_explore[key] = count + self.explore_every
+            self.next_explore[key] = count + max(self.explore_every, self._affordable_wait(bucket, best))
         if count >= self.next_explore[key]:
             # Re-measure a neighbour of the best, backing off (doubling the interval) while it stays
             # the best: a neighbour that keeps losing costs ever fewer rounds.
             interval = self.interval[key]
-            self.next_explore[key] = count + 2 * interval
+            self.next_explore[key] = count + max(2 * interval, self._affordable_wait(bucket, best))
             self.interval[key] = min(2 * interval, self.explore_every * 64)
             self.explorations[key] = self.explorations.get(key, 0) + 1
             index = self.candidates.index(best)

@@ -183,6 +183,8 @@ class BatchEngine:
         # new request's prompt is a cost of speculating at all: charged to speculation as a whole.
         if prompts_s and hasattr(self.gamma_policy, "charge"):
             self.gamma_policy.charge(len(verdicts), prompts_s)
+        if (prompts_s or catch_up_s) and hasattr(self.gamma_policy, "switching_cost"):
+            self.gamma_policy.switching_cost(len(verdicts), prompts_s + catch_up_s)
         self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s - prompts_s,
                                   [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,

@@ -237,6 +237,8 @@ class Generation:
             backlog_s = getattr(drafter, "backlog_s", 0.0) if record.drafted else 0.0
             if prompt_s and hasattr(policy, "charge"):
                 policy.charge(1, prompt_s)
+            if backlog_s and hasattr(policy, "switching_cost"):
+                policy.switching_cost(1, backlog_s)
             policy.observe(1, record.drafted, record.total_s - prompt_s - backlog_s, [record.accepted],
                            [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
