@@ -106,7 +106,7 @@ def library() -> ctypes.CDLL | None:
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
-    lib.decoder_layer.restype = None
+    lib.decoder_layer.restype = ctypes.c_int
     lib.decoder_layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
                                   + [ctypes.c_void_p] * 10 + [ctypes.c_int] + [ctypes.c_void_p] * 4
                                   + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
@@ -335,10 +335,13 @@ def decoder_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin
     batch, num_new, hidden = x.shape
     heads, kv_heads, head_dim, intermediate = weights.shape
     keys, values = cache.keys[layer], cache.values[layer]
-    library().decoder_layer(x.data_ptr(), batch, num_new, hidden, heads, kv_heads, head_dim, intermediate,
-                            weights.eps, *weights.pointers, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
-                            values.data_ptr(), cache.max_len, lengths.data_ptr(), num_slots,
-                            None if mask is None else mask.data_ptr(), torch.get_num_threads())
+    failed = library().decoder_layer(x.data_ptr(), batch, num_new, hidden, heads, kv_heads, head_dim,
+                                     intermediate, weights.eps, *weights.pointers, cos.data_ptr(), sin.data_ptr(),
+                                     keys.data_ptr(), values.data_ptr(), cache.max_len, lengths.data_ptr(),
+                                     num_slots, None if mask is None else mask.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError(f"the fused decoder layer could not allocate scratch memory for {batch * num_new} rows "
+                          f"and {num_slots} slots")
 
 
 def status(model: nn.Module | None = None) -> str:

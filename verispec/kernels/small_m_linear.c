@@ -15,6 +15,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,7 @@ void rms_norm(const float *x, const float *weight, float *y, long rows, long n, 
  * query row is computed on its own with slots in ascending order, so a token's output does not depend
  * on which other tokens share the call (like the projections above).
  *
+ * Returns 0, or 1 when its scratch memory could not be allocated (nothing written then).
  * Weight flags: bit 0 qkv, 1 o, 2 gate|up, 3 down are bf16 (else fp32). qkv is (q | k | v) rows,
  * gate|up is (gate | up) rows. cos/sin: (M, D) rotate-half tables already gathered per token. */
 
@@ -225,7 +227,7 @@ static void exp_in_place(float *v, long n, float shift) {
     }
 }
 
-void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, long D, long I, float eps,
+int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, long D, long I, float eps,
                    const float *attn_norm, const void *w_qkv, const float *b_qkv, const void *w_o,
                    const float *b_o, const float *mlp_norm, const void *w_gu, const float *b_gu,
                    const void *w_down, const float *b_down, int bf16_flags, const float *cos,
@@ -238,6 +240,14 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
     float *o = malloc(sizeof(float) * M * H);
     float *gu = malloc(sizeof(float) * M * 2 * I);
     float *act = malloc(sizeof(float) * M * I);
+    const long teams = threads > 1 ? threads : 1;  /* attention scratch per thread */
+    float *all_scores = malloc(sizeof(float) * S * group * teams);
+    long *all_slots = malloc(sizeof(long) * S * teams);
+    int status = 0;
+    if (!h || !qkv || !att || !o || !gu || !act || !all_scores || !all_slots) {
+        status = 1;  /* out of memory: x and the cache untouched */
+        goto done;
+    }
 
     rms_rows(x, attn_norm, h, M, H, eps);
     run(h, w_qkv, bf16_flags & 1, qkv, b_qkv, M, H, width, threads);
@@ -254,8 +264,8 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
     const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scores = malloc(sizeof(float) * S * group);
-        long *slots = malloc(sizeof(long) * S);
+        float *scores = all_scores + (long)omp_get_thread_num() * S * group;
+        long *slots = all_slots + (long)omp_get_thread_num() * S;
 #pragma omp for schedule(static)
         for (long job = 0; job < M * kv_heads; job++) {  /* one token and one KV head with its q heads */
             long m = job / kv_heads, g = job % kv_heads, b = m / T;
@@ -307,8 +317,6 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
                 }
             }
         }
-        free(scores);
-        free(slots);
     }
     run(att, w_o, bf16_flags & 2, o, b_o, M, heads * D, H, threads);
     for (long i = 0; i < M * H; i++) x[i] += o[i];
@@ -324,5 +332,7 @@ void decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, 
     run(act, w_down, bf16_flags & 8, o, b_down, M, I, H, threads);
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
-    free(h); free(qkv); free(att); free(o); free(gu); free(act);
+done:
+    free(h); free(qkv); free(att); free(o); free(gu); free(act); free(all_scores); free(all_slots);
+    return status;
 }
