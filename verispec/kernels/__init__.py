@@ -10,7 +10,7 @@ products are the same numbers at half the traffic).
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
     status(model)          # "on (57 linear layers, 57 with bf16 weights, <= 16 rows; whole decoder
-                           #  layers <= 32 rows)" or why not
+                           #  layers <= 64 rows)" or why not
 
 The kernel sums every output in the same order whatever the number of rows, so a row's projection is
 bit-identical whether it is decoded alone or verified with others. It is compiled with the system C
@@ -47,7 +47,7 @@ MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
 FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
-MAX_FUSED = 32  # rows per fused pass: beyond this torch's path won some shapes (measured with a 300-token context)
+MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one tied (docs/experiments/fused_rows.py)
 
 _reason = "not built yet"
 
