@@ -18,17 +18,16 @@ decoding. Speculation is chosen only when its predicted rate beats plain decodin
 (3%): measured round times are noisy, and a tie should not cost the draft's work. For the same
 reason a candidate is judged on at least ``min_samples`` (3) rounds in a bucket, not on one round,
 and its time is the median of its last ``window`` (15) rounds: a round the machine or the collector
-slowed down by 2x moves a median not at all, where it moved the moving average used before by 20%
-(measured here: single gammas' estimates swung by 20-40% between checks, enough to hold the
-policy at gamma 6 on prompts where 3 was best). A neighbour of the current best is
+slowed down by 2x moves a median not at all, where it moved the moving average used before by 20%.
+A neighbour of the current best is
 re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
 that keeps losing costs a vanishing share of rounds. A re-measure takes ``min_samples`` fresh rounds
 that replace the neighbour's window (one round added to rounds taken minutes earlier hardly moved the
-estimate: a neighbour once measured slow stayed slow). Leaving gamma 0 makes the draft read every row's
-backlog first; engines report that through ``switching_cost``, and a bucket that settled on gamma 0
-re-measures no more often than keeps those reads under ``switch_budget`` (2%) of its time (a re-measure after a long stretch at gamma 0 is
-expensive: the draft first catches up on every token it has not seen).
+estimate: a neighbour once measured slow stayed slow). A re-measure after a stretch at gamma 0 is
+expensive: the draft first reads every row's backlog. Engines report those reads through
+``switching_cost``, and a bucket that settled on gamma 0 re-measures no more often than keeps them
+under ``switch_budget`` (2%) of its time.
 
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
 rates are then blended with the shared ones, which act as ``prior_rounds`` (8) rounds of prior
@@ -232,6 +231,17 @@ class AdaptiveGamma:
         self.round_rows[key] = statistics.median(r for _, r in recent)
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
             self.counts.add(accepted, drafted)
+
+
+def report_draft_reads(policy, batch_size: int, charged_s: float, switch_s: float) -> None:
+    """Tell ``policy`` what the draft read before a round, where it accounts for that: ``charged_s``
+    (new requests' prompts, a cost of speculating at all: ``AdaptiveGamma.charge``) and ``switch_s``
+    (what leaving gamma 0 made it read: ``AdaptiveGamma.switching_cost``). Policies without those
+    methods (fixed, HF's heuristic, a user's own) ignore both."""
+    if charged_s and hasattr(policy, "charge"):
+        policy.charge(batch_size, charged_s)
+    if switch_s and hasattr(policy, "switching_cost"):
+        policy.switching_cost(batch_size, switch_s)
 
 
 class FixedGamma:

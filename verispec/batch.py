@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts, FixedGamma
+from verispec.adaptive import AcceptanceCounts, FixedGamma, report_draft_reads
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length
 from verispec.drafters.ngram import NgramDrafter
@@ -179,12 +179,10 @@ class BatchEngine:
         events = self._commit(verdicts, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
         # The policy judges gamma on a round's steady cost: reading a backlog is paid once per switch
-        # from gamma 0, and counting it would make the first rounds of any gamma look slow. Reading a
-        # new request's prompt is a cost of speculating at all: charged to speculation as a whole.
-        if prompts_s and hasattr(self.gamma_policy, "charge"):
-            self.gamma_policy.charge(len(verdicts), prompts_s)
-        if (prompts_s or catch_up_s) and hasattr(self.gamma_policy, "switching_cost"):
-            self.gamma_policy.switching_cost(len(verdicts), prompts_s + catch_up_s)
+        # from gamma 0 (reported as the switch's cost, which spaces re-measures), and counting it would
+        # make the first rounds of any gamma look slow. Reading a new request's prompt is a cost of
+        # speculating at all: charged to speculation as a whole.
+        report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, prompts_s + catch_up_s)
         self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s - prompts_s,
                                   [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,

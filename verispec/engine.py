@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts
+from verispec.adaptive import AcceptanceCounts, report_draft_reads
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal
@@ -231,14 +231,11 @@ class Generation:
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
             # A backlog the draft fed first is not what this round's gamma costs: the policy would
             # blame whichever gamma follows. The prompt's is a cost of speculating at all (charged);
-            # tokens committed at gamma 0 are a one-off cost of switching back (dropped).
+            # tokens committed at gamma 0 cost the switch back (out of the round's time, reported as such).
             policy, drafter = self.engine.gamma_policy, self.engine.drafter
             prompt_s = getattr(drafter, "prompt_s", 0.0) if record.drafted else 0.0
             backlog_s = getattr(drafter, "backlog_s", 0.0) if record.drafted else 0.0
-            if prompt_s and hasattr(policy, "charge"):
-                policy.charge(1, prompt_s)
-            if backlog_s and hasattr(policy, "switching_cost"):
-                policy.switching_cost(1, backlog_s)
+            report_draft_reads(policy, 1, prompt_s, backlog_s)
             policy.observe(1, record.drafted, record.total_s - prompt_s - backlog_s, [record.accepted],
                            [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)

@@ -160,10 +160,6 @@ void rms_norm(const float *x, const float *weight, float *y, long rows, long n, 
  * Weight flags: bit 0 qkv, 1 o, 2 gate|up, 3 down are bf16 (else fp32). qkv is (q | k | v) rows,
  * gate|up is (gate | up) rows. cos/sin: (M, D) rotate-half tables already gathered per token. */
 
-static void rms_rows(const float *x, const float *weight, float *y, long rows, long n, float eps) {
-    rms_norm(x, weight, y, rows, n, eps);
-}
-
 static void rotate(float *v, const float *cos, const float *sin, long D) {
     long half = D / 2;
     for (long d = 0; d < half; d++) {
@@ -249,7 +245,7 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
         goto done;
     }
 
-    rms_rows(x, attn_norm, h, M, H, eps);
+    rms_norm(x, attn_norm, h, M, H, eps);
     run(h, w_qkv, bf16_flags & 1, qkv, b_qkv, M, H, width, threads);
     for (long m = 0; m < M; m++) {
         long b = m / T, t = m % T, slot = lengths[b] + t;
@@ -321,7 +317,7 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     run(att, w_o, bf16_flags & 2, o, b_o, M, heads * D, H, threads);
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
-    rms_rows(x, mlp_norm, h, M, H, eps);
+    rms_norm(x, mlp_norm, h, M, H, eps);
     run(h, w_gu, bf16_flags & 4, gu, b_gu, M, H, 2 * I, threads);
     for (long m = 0; m < M; m++)  /* SiLU(gate) * up, 8 lanes (I % 8 == 0: the down projection's K) */
         for (long i = 0; i < I; i += 8) {
