@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from verispec.adaptive import AdaptiveGamma, HFHeuristicGamma
+from verispec.adaptive import AdaptiveGamma, Backlog, FixedGamma, HFHeuristicGamma, afford_switch
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter, NgramDrafter
@@ -341,23 +341,73 @@ def test_a_re_measured_neighbour_gets_a_fresh_estimate():
     assert policy.round_seconds[(1, 1)] == pytest.approx(0.011)
 
 
-def test_a_bucket_on_gamma_zero_re_measures_only_as_often_as_the_switch_is_affordable():
-    """Leaving gamma 0 at batch 16 makes the draft read every row's backlog (0.5 s here, against 30 ms
-    rounds): at a 2% budget the re-measures of gamma 1 come at least ~830 rounds apart, where without a
-    reported switching cost they come after 50, 100, 200, ... rounds."""
-    def run(switch_s):
+def test_a_bucket_on_gamma_zero_re_measures_only_as_often_as_its_reads_are_affordable():
+    """Leaving gamma 0 at batch 16 makes the draft read every row's backlog (10,000 tokens at 50 us: 0.5 s,
+    against 30 ms rounds): at a 2% budget a re-measure of gamma 1 needs 0.5 / 0.02 = 25 s of plain
+    rounds (~830) behind it, where with the draft caught up re-measures come after 50, 100, 200, ...
+    rounds."""
+    def run(backlog_tokens):
         policy = AdaptiveGamma(max_gamma=8, explore_every=50, min_samples=1)
+        policy.reads(1000, 0.05)  # the draft's measured price: 50 us per token
         chosen = []
         for _ in range(2000):
-            gamma = policy.choose(16)
-            if gamma and switch_s and (not chosen or chosen[-1] == 0):  # engines report only what was read
-                policy.switching_cost(16, switch_s)
+            gamma = afford_switch(policy, 16, policy.choose(16), Backlog(backlog_tokens, 16 * 40))
             chosen.append(gamma)
             policy.observe(16, gamma, 0.03 * (1 + gamma), [0] * 16, [gamma] * 16)  # speculation loses
         return [i for i, g in enumerate(chosen) if g and i > 1]  # rounds spent on gamma 1 after the climb
 
-    free = run(0.0)
-    costly = run(0.5)
-    assert free[0] < 60 and len(free) >= 5
-    gaps = [b - a for a, b in zip(costly, costly[1:])]
-    assert costly and all(gap >= 0.5 / (0.02 * 0.03) for gap in gaps) and len(costly) < len(free)
+    caught_up = run(0)
+    behind = run(10_000)
+    assert caught_up[0] < 60 and len(caught_up) >= 5
+    starts = [behind[0]] + [b for a, b in zip(behind, behind[1:]) if b > a + 1]
+    assert starts[0] >= 0.5 / (0.02 * 0.03)  # the first re-measure waits for its budget too
+    assert all(b - a >= 0.5 / (0.02 * 0.03) for a, b in zip(starts, starts[1:])) and len(behind) < len(caught_up)
+
+
+def test_switching_to_the_best_gamma_must_repay_the_drafts_reads():
+    """Batch 2 where gamma 2 commits 2.5 tokens per 1.25 plain rounds (2x the rate): rows that join
+    with 400 unread tokens (20 ms of reads at 50 us) switch when they may still generate 20 tokens
+    (saving 20 x (5 - 2.5) ms = 50 ms) and stay plain with 4 left (saving 10 ms)."""
+    policy = AdaptiveGamma(max_gamma=2, candidates=(0, 2), min_samples=1)
+    policy.reads(1000, 0.05)
+    for gamma in (0, 2):
+        policy.observe(2, gamma, 0.01 * (1 + 0.125 * gamma), [gamma if gamma else 0, 1 if gamma else 0], [gamma] * 2)
+    for gamma in (0, 2):
+        policy.observe(2, gamma, 0.01 * (1 + 0.125 * gamma), [1 if gamma else 0, gamma if gamma else 0], [gamma] * 2)
+    assert policy.choose(2) == 2
+    assert afford_switch(policy, 2, 2, Backlog(400, 20)) == 2
+    assert afford_switch(policy, 2, 2, Backlog(400, 4)) == 0
+    assert afford_switch(policy, 2, 2, Backlog(0, 4)) == 2  # caught up: nothing to repay
+    assert afford_switch(FixedGamma(2), 2, 2, Backlog(400, 4)) == 2  # a fixed gamma is what the user asked for
+
+
+def test_batch_engine_asks_before_reading_a_backlog(models):
+    """The engine prices what its draft must read before a round: a policy that refuses every switch
+    keeps the draft from ever running, and outputs stay plain decoding's."""
+    target, draft = models
+
+    class Refusing(Scripted):
+        def __init__(self):
+            super().__init__([3])
+            self.asked = []
+
+        def afford(self, batch_size, gamma, backlog):
+            self.asked.append(backlog)
+            return 0
+
+    policy = Refusing()
+    engine = BatchEngine(target, draft, SpecConfig(gamma=3), max_batch=4, gamma_policy=policy)
+    queue = requests(6, GREEDY, seed=5)
+    calls = []
+    original = draft.forward
+    draft.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        out, _ = run_batched(engine, queue)
+    finally:
+        del draft.forward
+    assert calls == [] and policy.asked
+    first = policy.asked[0]
+    assert first.tokens == sum(len(r.prompt_ids) for r in queue[:4])  # prompt + first token, but the last
+    assert first.remaining == sum(r.stop.max_tokens - 1 for r in queue[:4])
+    for request in queue:
+        assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))

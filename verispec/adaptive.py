@@ -24,10 +24,21 @@ re-measured ``explore_every`` rounds after the best last changed, then after 2x,
 rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
 that keeps losing costs a vanishing share of rounds. A re-measure takes ``min_samples`` fresh rounds
 that replace the neighbour's window (one round added to rounds taken minutes earlier hardly moved the
-estimate: a neighbour once measured slow stayed slow). A re-measure after a stretch at gamma 0 is
-expensive: the draft first reads every row's backlog. Engines report those reads through
-``switching_cost``, and a bucket that settled on gamma 0 re-measures no more often than keeps them
-under ``switch_budget`` (2%) of its time.
+estimate: a neighbour once measured slow stayed slow).
+
+Leaving gamma 0 is not free: the draft first reads what every row committed meanwhile (prompts
+included), ~0.06 ms per token for the embedded draft, so 64 rows of 150 tokens cost ~0.6 s, a dozen
+rounds. Before a round that would switch, engines ask ``afford`` with the round's ``Backlog`` (tokens
+the draft has not read, tokens the rows may still generate), priced at the measured seconds per read
+token (engines report reads through ``reads``):
+
+- switching to the bucket's best gamma must pay for itself: the time it saves over the rows'
+  remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a
+  speculating bucket late, with long contexts and few tokens left, stay plain);
+- a re-measure, or a gamma beyond what the nearest smaller bucket chose, is exploration: its reads may
+  take at most ``switch_budget`` (2%) of the time the bucket has spent at gamma 0 since it last
+  speculated (a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not every 50
+  rounds, which made the reads ~10% of the time at batch 16).
 
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
 rates are then blended with the shared ones, which act as ``prior_rounds`` (8) rounds of prior
@@ -52,9 +63,20 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from dataclasses import dataclass
+
 from verispec.costmodel import expected_tokens
 
 DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Before a round: what the draft must read before it can draft for every row (tokens committed
+    since it last read each row, prompts included), and what the rows may still generate."""
+
+    tokens: int
+    remaining: int
 
 
 class AcceptanceCounts:
@@ -93,7 +115,8 @@ class AdaptiveGamma:
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
         self.switch_budget = switch_budget
-        self.switch_seconds: dict[int, float] = {}  # per bucket: the last switch from gamma 0's draft reads
+        self.read_log: deque[tuple[int, float]] = deque(maxlen=window)  # recent draft reads: (tokens, seconds)
+        self.plain_seconds: dict[int, float] = {}  # per bucket: time at gamma 0 since it last speculated
         self.min_samples, self.prior_rounds = min_samples, prior_rounds
         self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds since last (re)start
         # (bucket, gamma) -> the last ``window`` rounds as (seconds, rows), and their medians
@@ -150,21 +173,32 @@ class AdaptiveGamma:
         bucket = self.bucket(batch_size)
         self.charged_seconds[bucket] = self.charged_seconds.get(bucket, 0.0) + seconds
 
-    def switching_cost(self, batch_size: int, seconds: float) -> None:
-        """What the draft read before a round that followed plain decoding (prompts admitted meanwhile
-        and every row's backlog). Not a cost of the round's gamma, but of leaving gamma 0: it sets how
-        rarely a bucket that settled on gamma 0 may re-measure gamma 1 (``switch_budget``)."""
-        self.switch_seconds[self.bucket(batch_size)] = seconds
+    def reads(self, tokens: int, seconds: float) -> None:
+        """The draft read ``tokens`` committed tokens (prompts, backlogs) in ``seconds``."""
+        if tokens > 0:
+            self.read_log.append((tokens, seconds))
 
-    def _affordable_wait(self, bucket: int, best: int) -> int:
-        """Rounds to wait before re-measuring a neighbour of ``best`` so that switching from gamma 0
-        costs at most ``switch_budget`` of the rounds' time (0 when the best speculates: its draft is
-        caught up). At batch 16 after 50 plain rounds the draft reads 16 rows of backlog, hundreds of
-        tokens each: re-measuring every 50 rounds made that a recurring ~10% of the time."""
-        seconds, plain = self.switch_seconds.get(bucket, 0.0), self.round_seconds.get((bucket, 0))
-        if best or not seconds or not plain:
+    def read_seconds_per_token(self) -> float | None:
+        tokens = sum(t for t, _ in self.read_log)
+        return sum(s for _, s in self.read_log) / tokens if tokens else None
+
+    def afford(self, batch_size: int, gamma: int, backlog: Backlog) -> int:
+        """``gamma``, or 0 where the draft's reads before the round cost more than switching is worth
+        (module docstring). Unpriced (no read measured yet) or a first climb: ``gamma``."""
+        per_token = self.read_seconds_per_token()
+        if not gamma or not backlog.tokens or per_token is None:
+            return gamma
+        cost, bucket = backlog.tokens * per_token, self.bucket(batch_size)
+        if gamma != self.last_best.get(bucket):
+            climbing = (bucket, gamma) not in self.round_seconds and gamma <= self._cap(bucket)
+            measuring = 0 < self.samples.get((bucket, gamma), 0) < self.min_samples  # finish what began
+            if climbing or measuring or cost <= self.switch_budget * self.plain_seconds.get(bucket, 0.0):
+                return gamma
             return 0
-        return int(seconds / (self.switch_budget * plain)) + 1
+        plain, rate = self.predicted_rate(batch_size, 0), self.predicted_rate(batch_size, gamma)
+        if not plain or not rate:
+            return gamma
+        return gamma if backlog.remaining * (1 / plain - 1 / rate) >= cost else 0
 
     def overhead_per_round(self, batch_size: int) -> float:
         bucket = self.bucket(batch_size)
@@ -194,12 +228,12 @@ class AdaptiveGamma:
         key = (bucket, best)
         if key not in self.next_explore:  # a new best: re-measure its neighbours soon
             self.interval[key] = self.explore_every
-            self.next_explore[key] = count + max(self.explore_every, self._affordable_wait(bucket, best))
+            self.next_explore[key] = count + self.explore_every
         if count >= self.next_explore[key]:
             # Re-measure a neighbour of the best, backing off (doubling the interval) while it stays
             # the best: a neighbour that keeps losing costs ever fewer rounds.
             interval = self.interval[key]
-            self.next_explore[key] = count + max(2 * interval, self._affordable_wait(bucket, best))
+            self.next_explore[key] = count + 2 * interval
             self.interval[key] = min(2 * interval, self.explore_every * 64)
             self.explorations[key] = self.explorations.get(key, 0) + 1
             index = self.candidates.index(best)
@@ -223,6 +257,7 @@ class AdaptiveGamma:
         key = (self.bucket(batch_size), gamma)
         self.observed_rounds[key[0]] = self.observed_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
+        self.plain_seconds[key[0]] = self.plain_seconds.get(key[0], 0.0) + seconds if gamma == 0 else 0.0
         recent = self.recent.setdefault(key, deque(maxlen=self.window))
         if count == 1:
             recent.clear()  # a first or fresh measurement replaces what was known
@@ -233,15 +268,23 @@ class AdaptiveGamma:
             self.counts.add(accepted, drafted)
 
 
-def report_draft_reads(policy, batch_size: int, charged_s: float, switch_s: float) -> None:
-    """Tell ``policy`` what the draft read before a round, where it accounts for that: ``charged_s``
-    (new requests' prompts, a cost of speculating at all: ``AdaptiveGamma.charge``) and ``switch_s``
-    (what leaving gamma 0 made it read: ``AdaptiveGamma.switching_cost``). Policies without those
-    methods (fixed, HF's heuristic, a user's own) ignore both."""
+def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, seconds: float) -> None:
+    """Tell ``policy`` what the draft read before a round: ``tokens`` in ``seconds`` in all (its price
+    per token: ``AdaptiveGamma.reads``), of which ``charged_s`` were new requests' prompts (a cost of
+    speculating at all: ``AdaptiveGamma.charge``). Policies without those methods (fixed, HF's
+    heuristic, a user's own) ignore both."""
     if charged_s and hasattr(policy, "charge"):
         policy.charge(batch_size, charged_s)
-    if switch_s and hasattr(policy, "switching_cost"):
-        policy.switching_cost(batch_size, switch_s)
+    if tokens and hasattr(policy, "reads"):
+        policy.reads(tokens, seconds)
+
+
+def afford_switch(policy, batch_size: int, gamma: int, backlog: Backlog) -> int:
+    """``gamma`` unless ``policy`` judges the draft's reads before the round too dear
+    (``AdaptiveGamma.afford``); policies without that judgement get what they chose."""
+    if gamma and backlog.tokens and hasattr(policy, "afford"):
+        return policy.afford(batch_size, gamma, backlog)
+    return gamma
 
 
 class FixedGamma:

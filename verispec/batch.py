@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts, FixedGamma, report_draft_reads
+from verispec.adaptive import AcceptanceCounts, Backlog, FixedGamma, afford_switch, report_draft_reads
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length
 from verispec.drafters.ngram import NgramDrafter
@@ -170,8 +170,10 @@ class BatchEngine:
         sequences = list(self.rows)  # row order of this round, before anyone leaves
         # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
         gamma = self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
+        if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
+            gamma = afford_switch(self.gamma_policy, len(self.rows), gamma, self._backlog())
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
-        prompts_s, catch_up_s = self._catch_up_alone() if max(num_drafts) else (0.0, 0.0)
+        prompts_s, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0.0, 0)
         drafts, draft_probs = self._propose(num_drafts)
         drafted_at = time.perf_counter()
         verdicts = self._verify(drafts, draft_probs, num_drafts)
@@ -179,15 +181,20 @@ class BatchEngine:
         events = self._commit(verdicts, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
         # The policy judges gamma on a round's steady cost: reading a backlog is paid once per switch
-        # from gamma 0 (reported as the switch's cost, which spaces re-measures), and counting it would
-        # make the first rounds of any gamma look slow. Reading a new request's prompt is a cost of
-        # speculating at all: charged to speculation as a whole.
-        report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, prompts_s + catch_up_s)
-        self.gamma_policy.observe(len(verdicts), gamma, now - began - catch_up_s - prompts_s,
+        # from gamma 0 (and judged before it, in ``afford``), and counting it would make the first
+        # rounds of any gamma look slow. Reading a new request's prompt is a cost of speculating at
+        # all: charged to speculation as a whole.
+        report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, read_tokens, reads_s)
+        self.gamma_policy.observe(len(verdicts), gamma, now - began - reads_s,
                                   [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,
                      (drafted_at - began, verified_at - drafted_at, now - verified_at))
         return [e for e in events if e.tokens or e.finished]
+
+    def _backlog(self) -> Backlog:
+        unread = sum(max(0, len(s.context) - len(s.draft_seen) - 1) for s in self.rows)
+        remaining = sum(s.request.stop.max_tokens - len(s.generated) for s in self.rows)
+        return Backlog(unread, remaining)
 
     def _drafts_allowed(self, sequence: _Sequence, gamma: int) -> int:
         remaining = sequence.request.stop.max_tokens - len(sequence.generated)
@@ -237,16 +244,17 @@ class BatchEngine:
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
 
-    def _catch_up_alone(self) -> tuple[float, float]:
+    def _catch_up_alone(self) -> tuple[float, float, int]:
         """Feed the draft, row by row, every row's long backlog but its last token.
 
         The draft reads a sequence lazily: its prompt, and whatever was committed while the batch ran
         at gamma 0, only once it drafts for it; a batch held at gamma 0 never runs the draft at all.
         A long backlog goes in alone, because the batched catch-up pads every row to the longest.
-        Returns the seconds it took for rows the draft had never read (their prompts) and for the rest."""
+        Returns the seconds spent on rows the draft had never read (their prompts), the seconds in
+        all, and the tokens read."""
         if self.draft is None:
-            return 0.0, 0.0
-        seconds = [0.0, 0.0]  # [never read before, caught up after gamma 0]
+            return 0.0, 0.0, 0
+        prompts_s, total_s, tokens = 0.0, 0.0, 0
         for row, sequence in enumerate(self.rows):
             backlog = sequence.context[len(sequence.draft_seen):-1]
             if len(backlog) < CATCH_UP_ALONE:
@@ -258,8 +266,11 @@ class BatchEngine:
             view.commit(0, len(backlog))
             self.draft_cache.sync_row(row, view)
             sequence.draft_seen.extend(backlog)
-            seconds[0 if fresh else 1] += time.perf_counter() - began
-        return seconds[0], seconds[1]
+            seconds = time.perf_counter() - began
+            prompts_s += seconds if fresh else 0.0
+            total_s += seconds
+            tokens += len(backlog)
+        return prompts_s, total_s, tokens
 
     def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
                 num_drafts: list[int]) -> list[ChainResult]:

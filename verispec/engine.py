@@ -231,11 +231,12 @@ class Generation:
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
             # A backlog the draft fed first is not what this round's gamma costs: the policy would
             # blame whichever gamma follows. The prompt's is a cost of speculating at all (charged);
-            # tokens committed at gamma 0 cost the switch back (out of the round's time, reported as such).
+            # both price the draft's reads.
             policy, drafter = self.engine.gamma_policy, self.engine.drafter
             prompt_s = getattr(drafter, "prompt_s", 0.0) if record.drafted else 0.0
             backlog_s = getattr(drafter, "backlog_s", 0.0) if record.drafted else 0.0
-            report_draft_reads(policy, 1, prompt_s, backlog_s)
+            read_tokens = getattr(drafter, "read_tokens", 0) if record.drafted else 0
+            report_draft_reads(policy, 1, prompt_s, read_tokens, prompt_s + backlog_s)
             policy.observe(1, record.drafted, record.total_s - prompt_s - backlog_s, [record.accepted],
                            [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)

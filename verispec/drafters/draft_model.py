@@ -34,8 +34,9 @@ class DraftModelDrafter:
         self.seen: list[int] = []  # tokens whose KV is committed in self.cache
         # Seconds the last propose spent reading this request's prompt (the first read since reset),
         # and on a later backlog (tokens committed while speculation was off): more than the 1-2
-        # unseen tokens a speculative round leaves behind.
+        # unseen tokens a speculative round leaves behind; read_tokens: how many tokens that was.
         self.prompt_s = self.backlog_s = 0.0
+        self.read_tokens = 0
         # Dynamic trees: acceptance by draft probability and sibling rank, kept across requests, and the
         # last tree's candidates until its round is committed.
         self.calibration: AcceptanceCalibration | None = None
@@ -46,6 +47,7 @@ class DraftModelDrafter:
         self.seen = []
         self._pending_tree = None
         self.prompt_s = self.backlog_s = 0.0
+        self.read_tokens = 0
 
     # ---- chains --------------------------------------------------------------------------------------
 
@@ -167,8 +169,10 @@ class DraftModelDrafter:
         unseen, fresh = context[len(self.seen):], not self.seen
         began = time.perf_counter()
         logits = self._feed(unseen)
-        seconds = time.perf_counter() - began if len(unseen) > BACKLOG_TOKENS else 0.0
+        long = len(unseen) > BACKLOG_TOKENS
+        seconds = time.perf_counter() - began if long else 0.0
         self.prompt_s, self.backlog_s = (seconds, 0.0) if fresh else (0.0, seconds)
+        self.read_tokens = len(unseen) if long else 0
         return logits
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
