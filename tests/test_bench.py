@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -362,3 +363,44 @@ def test_planner_check_reports_predicted_and_realised_per_gamma(tmp_path, capsys
     assert data["best_realised_speedup"] == pytest.approx(best)
     assert data["planner_within_5pct_of_best"] == (data["planner_choice_realised"] >= 0.95 * best)
     assert data["settings"]["evaluation_prompts"] == 3 and data["settings"]["calibration_prompts"] > 0
+
+
+@pytest.mark.parametrize("relaunch", [False, True])
+def test_serving_relaunch_gives_every_repeat_fresh_servers(monkeypatch, relaunch):
+    """With ``relaunch`` every repeat gets its own server processes (repeats outermost, every load point
+    inside); without, one process per launched variant serves every load point and repeat."""
+    import contextlib
+
+    import verispec.bench.serving as serving
+    from verispec.bench.config import LaunchSpec, ServingSettings
+    from verispec.bench.run import _serving
+
+    launches, loads_run = [], []
+
+    @contextlib.contextmanager
+    def fake_server(args):
+        launches.append(args[-1])
+        yield f"http://127.0.0.1:{len(launches)}"
+
+    async def fake_load(endpoint, jobs, load, settings, sampling, tokenizer, seed, bar=None):
+        if jobs[0][2] >= 0:  # not the warm-up
+            loads_run.append((endpoint.name, endpoint.url, load.name, jobs[0][2]))
+        return [], 1.0
+
+    monkeypatch.setattr(serving, "launched_server", fake_server)
+    monkeypatch.setattr(serving, "run_load", fake_load)
+    monkeypatch.setattr(serving, "resolve_endpoint",
+                        lambda name, url, model, stats: serving.ResolvedEndpoint(name, url, "m", stats))
+    settings = ServingSettings(launch=(LaunchSpec("a", ("--x", "a")), LaunchSpec("b", ("--x", "b"))),
+                               request_rates=(), max_concurrency=(1, 4), repeats=3, relaunch=relaunch)
+    config = dataclasses.replace(BenchConfig(), serving=settings, mode="serving")
+    _serving(config, None, ["p"], SamplingParams(), lambda p, i, repeat, load: (p, i, repeat, load), False)
+    assert len(launches) == (6 if relaunch else 2)
+    assert len(loads_run) == 2 * 2 * 3  # endpoints x load points x repeats
+    servers_per_repeat = {repeat: {url for _, url, _, r in loads_run if r == repeat} for repeat in range(3)}
+    if relaunch:
+        assert all(len(urls) == 2 for urls in servers_per_repeat.values())
+        assert len(set().union(*servers_per_repeat.values())) == 6  # no process serves two repeats
+        assert [r for _, _, _, r in loads_run] == sorted(r for _, _, _, r in loads_run)  # repeats outermost
+    else:
+        assert set().union(*servers_per_repeat.values()) == {"http://127.0.0.1:1", "http://127.0.0.1:2"}

@@ -40,6 +40,13 @@ token (engines report reads through ``reads``):
   speculated (a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not every 50
   rounds, which made the reads ~10% of the time at batch 16).
 
+A choice is made for the load, not for one round's batch: the largest batch of the last
+``hold_rounds`` (16) rounds. Behind a server the batch dips whenever requests finish together (a
+wave of equal-length requests, or clients slow to send the next): a few rounds at batch 2-4 while
+the replacements arrive. Choosing for the dip made the draft read the prompts of the rows there
+(speculation pays at batch 2), only for the batch to refill to 16 rounds later and stop drafting: the
+reads bought nothing. Round times are still recorded at the batch they ran with.
+
 One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
 rates are then blended with the shared ones, which act as ``prior_rounds`` (8) rounds of prior
 evidence. A mixed workload holds requests the draft follows well (arithmetic) and ones it does not
@@ -111,10 +118,11 @@ class AcceptanceCounts:
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
                  explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
-                 prior_rounds: float = 8.0, switch_budget: float = 0.02):
+                 prior_rounds: float = 8.0, switch_budget: float = 0.02, hold_rounds: int = 16):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
         self.switch_budget = switch_budget
+        self.recent_sizes: deque[int] = deque(maxlen=max(1, hold_rounds))  # batch sizes of the last rounds
         self.read_log: deque[tuple[int, float]] = deque(maxlen=window)  # recent draft reads: (tokens, seconds)
         self.plain_seconds: dict[int, float] = {}  # per bucket: time at gamma 0 since it last speculated
         self.min_samples, self.prior_rounds = min_samples, prior_rounds
@@ -188,6 +196,7 @@ class AdaptiveGamma:
         per_token = self.read_seconds_per_token()
         if not gamma or not backlog.tokens or per_token is None:
             return gamma
+        batch_size = self.load(batch_size)
         cost, bucket = backlog.tokens * per_token, self.bucket(batch_size)
         if gamma != self.last_best.get(bucket):
             climbing = (bucket, gamma) not in self.round_seconds and gamma <= self._cap(bucket)
@@ -205,7 +214,14 @@ class AdaptiveGamma:
         rounds = self.observed_rounds.get(bucket, 0)
         return self.charged_seconds.get(bucket, 0.0) / rounds if rounds else 0.0
 
+    def load(self, batch_size: int) -> int:
+        """The batch size a choice is made for: the largest of the last ``hold_rounds`` rounds (module
+        docstring), at least ``batch_size``."""
+        return max(batch_size, max(self.recent_sizes, default=0))
+
     def choose(self, batch_size: int, request: AcceptanceCounts | None = None) -> int:
+        self.recent_sizes.append(batch_size)
+        batch_size = self.load(batch_size)
         bucket = self.bucket(batch_size)
         count = self.rounds_in_bucket.get(bucket, 0)
         self.rounds_in_bucket[bucket] = count + 1

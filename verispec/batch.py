@@ -13,7 +13,9 @@ last row moves into its place, so a forward only ever touches the rows in use.
 Drafts per round come from ``gamma_policy``: fixed (``spec.gamma``) or adaptive to the batch size
 (``verispec.adaptive.AdaptiveGamma``), which switches speculation off where it no longer pays. The
 draft model reads a sequence lazily, when it first drafts for it, so rounds at gamma 0 cost what
-plain decoding costs: no draft prefill, no draft catch-up.
+plain decoding costs: no draft prefill, no draft catch-up. Before a round that would make it read a
+backlog, the policy may refuse the switch (``afford_switch``: the reads must repay themselves over the
+rows' remaining tokens, or fit an exploration budget).
 Chains with a draft model or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
 """
 

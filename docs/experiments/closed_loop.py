@@ -1,9 +1,10 @@
 """The serving sweep's load without HTTP: closed-loop concurrency 1..64 on a BatchEngine, plain decoding
 (gamma 0) vs the adaptive policy, interleaved per load point and repeat, one engine per variant kept
 across points as a server keeps its policy. Prints output tokens/s per point, the ratio adaptive/off
-(median over repeats) and the adaptive engine's draft time split (catch-up reads vs drafting).
+(median of per-repeat ratios), the adaptive engine's draft reads (prompts and backlogs) per point and,
+with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 
-    OMP_NUM_THREADS=1 python docs/experiments/closed_loop.py [--repeats 3] [--points 1,2,4,8,16,32,64]
+    OMP_NUM_THREADS=1 python docs/experiments/closed_loop.py [--repeats 3] [--points 1,2,4,8,16,32,64] [--trace]
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -17,6 +18,10 @@ from verispec.loading import load_pair
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--points", default="1,2,4,8,16,32,64")
+ap.add_argument("--trace", action="store_true")
+ap.add_argument("--refill", type=int, default=1, help="rounds before a finished request's replacement arrives "
+                "(a client's round trip; 0: at once)")
+ap.add_argument("--hold", default="16", help="AdaptiveGamma hold_rounds; several (16,1) add variants")
 args = ap.parse_args()
 pair = load_pair()
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
@@ -24,28 +29,46 @@ prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math")
 G = SamplingParams(temperature=0)
 engines = {
     "off": BatchEngine(pair.target, pair.draft, SpecConfig(method="none"), max_batch=64, max_len=1024),
-    "adaptive": BatchEngine(pair.target, pair.draft, SpecConfig(method="chain", gamma=4), max_batch=64,
-                            max_len=1024, gamma_policy=AdaptiveGamma(max_gamma=4)),
 }
+for i, hold in enumerate(int(h) for h in args.hold.split(",")):
+    engines["adaptive" if i == 0 else f"hold{hold}"] = BatchEngine(
+        pair.target, pair.draft, SpecConfig(method="chain", gamma=4), max_batch=64, max_len=1024,
+        gamma_policy=AdaptiveGamma(max_gamma=4, hold_rounds=hold))
 reads = {"s": 0.0}
 adaptive = engines["adaptive"]
 original = adaptive._catch_up_alone
 def timed():
     prompts_s, total_s, tokens = original(); reads["s"] += total_s; return prompts_s, total_s, tokens
 adaptive._catch_up_alone = timed
+ran = []  # (bucket, gamma) per round the adaptive policy observed
+policy_observe = adaptive.gamma_policy.observe
+def observe(batch_size, gamma, *rest):
+    ran.append((AdaptiveGamma.bucket(batch_size), gamma)); policy_observe(batch_size, gamma, *rest)
+adaptive.gamma_policy.observe = observe
+
+def runs_of(rounds):
+    out = []
+    for key in rounds:
+        if out and out[-1][0] == key: out[-1][1] += 1
+        else: out.append([key, 1])
+    return " ".join(f"{b}:{g}x{n}" for (b, g), n in out)
 
 def run(engine, concurrency):
     queue = [BatchRequest(p.prompt_id, list(p.prompt_ids), G, StopRules(max_tokens=p.max_tokens, ignore_eos=True))
              for p in prompts]
-    tokens, draft_s, rounds, drafted = 0, 0.0, 0, 0
+    tokens, rounds, slots = 0, 0, [0] * concurrency  # slots: round at which each client sends again
     began, cpu = time.perf_counter(), time.process_time()
     while queue or engine.active:
-        while queue and engine.active < concurrency:
-            tokens += sum(len(e.tokens) for e in engine.add(queue.pop(0)))
-        before = time.perf_counter()
+        ready = sum(1 for s in slots if s <= rounds)
+        while queue and ready and engine.active < concurrency:
+            slots.remove(next(s for s in slots if s <= rounds)); ready -= 1
+            added = engine.add(queue.pop(0))
+            tokens += sum(len(e.tokens) for e in added)
+            slots += [rounds + args.refill] * sum(1 for e in added if e.finished)
         events = engine.step()
-        tokens += sum(len(e.tokens) for e in events)
         rounds += 1
+        tokens += sum(len(e.tokens) for e in events)
+        slots += [rounds + args.refill] * sum(1 for e in events if e.finished)
     return tokens / (time.perf_counter() - began), tokens / (time.process_time() - cpu), rounds
 
 points = [int(x) for x in args.points.split(",")]
@@ -53,17 +76,23 @@ results = {(v, c): [] for v in engines for c in points}
 cpu_results = {(v, c): [] for v in engines for c in points}
 for repeat in range(args.repeats):
     for c in points:
-        order = list(engines) if (repeat + c) % 2 == 0 else list(engines)[::-1]
+        names = list(engines)
+        shift = (repeat + points.index(c)) % len(names)
+        order = names[shift:] + names[:shift]
         for name in order:
             reads["s"] = 0.0
+            ran.clear()
             rate, cpu_rate, rounds = run(engines[name], c)
             results[(name, c)].append(rate)
             cpu_results[(name, c)].append(cpu_rate)
             extra = f" catch-up/prompt reads {reads['s']*1e3:.0f} ms" if name == "adaptive" else ""
             print(f"rep {repeat} c{c:<3} {name:9s} {rate:7.1f} tok/s (per CPU s {cpu_rate:7.1f})  {rounds} rounds{extra}", flush=True)
+            if args.trace and name == "adaptive":
+                print("    " + runs_of(ran), flush=True)
 for label, table in (("wall", results), ("CPU", cpu_results)):
-    print(f"\n{label} time: concurrency  off tok/s  adaptive tok/s  ratio (median of per-repeat ratios)")
-    for c in points:
-        ratios = [a / o for a, o in zip(table[("adaptive", c)], table[("off", c)])]
-        print(f"{c:11d}  {statistics.median(table[('off', c)]):9.1f}  {statistics.median(table[('adaptive', c)]):14.1f}  "
-              f"{statistics.median(ratios):.3f}  ({' '.join(f'{r:.3f}' for r in ratios)})")
+    for name in list(engines)[1:]:
+        print(f"\n{label} time: concurrency  off tok/s  {name} tok/s  ratio (median of per-repeat ratios)")
+        for c in points:
+            ratios = [a / o for a, o in zip(table[(name, c)], table[("off", c)])]
+            print(f"{c:11d}  {statistics.median(table[('off', c)]):9.1f}  {statistics.median(table[(name, c)]):9.1f}  "
+                  f"{statistics.median(ratios):.3f}  ({' '.join(f'{r:.3f}' for r in ratios)})")

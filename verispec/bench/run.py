@@ -106,20 +106,22 @@ def _serving(config: BenchConfig, tokenizer, prompts, sampling, make_job, progre
     settings = config.serving
     loads = load_points(settings)
     records, walls, endpoints = [], {}, []
-    with contextlib.ExitStack() as stack:
-        for spec in settings.launch:
-            url = stack.enter_context(launched_server(_model_args(config) + list(spec.args)))
-            stats = True if settings.server_stats is None else settings.server_stats
-            endpoints.append(resolve_endpoint(spec.name, url, None, stats))
-        for e in settings.endpoints:
-            endpoints.append(resolve_endpoint(e.name, e.url, e.model, bool(settings.server_stats)))
-        warm = [make_job(p, i, -1, "warmup") for i, p in enumerate(prompts[:1])]
-        for endpoint in endpoints:
-            asyncio.run(run_load(endpoint, warm, loads[0], settings, sampling, tokenizer, 0))
-        total = len(endpoints) * len(loads) * settings.repeats * len(prompts)
-        with tqdm(total=total, desc="bench serving", unit="req", file=sys.stderr, disable=not progress) as bar:
-            for k, load in enumerate(loads):
-                for repeat in range(settings.repeats):
+    rounds = [list(range(settings.repeats))] if not settings.relaunch else [[r] for r in range(settings.repeats)]
+    total = (len(settings.launch) + len(settings.endpoints)) * len(loads) * settings.repeats * len(prompts)
+    with tqdm(total=total, desc="bench serving", unit="req", file=sys.stderr, disable=not progress) as bar:
+        for repeats in rounds:  # one set of server processes per entry (relaunch: one per repeat)
+            with contextlib.ExitStack() as stack:
+                endpoints = []
+                for spec in settings.launch:
+                    url = stack.enter_context(launched_server(_model_args(config) + list(spec.args)))
+                    stats = True if settings.server_stats is None else settings.server_stats
+                    endpoints.append(resolve_endpoint(spec.name, url, None, stats))
+                for e in settings.endpoints:
+                    endpoints.append(resolve_endpoint(e.name, e.url, e.model, bool(settings.server_stats)))
+                warm = [make_job(p, i, -1, "warmup") for i, p in enumerate(prompts[:1])]
+                for endpoint in endpoints:
+                    asyncio.run(run_load(endpoint, warm, loads[0], settings, sampling, tokenizer, 0))
+                for k, load, repeat in [(k, load, r) for k, load in enumerate(loads) for r in repeats]:
                     jobs = [make_job(p, i, repeat, load.name) for i, p in enumerate(prompts)]
                     shift = (k + repeat) % len(endpoints)
                     for endpoint in endpoints[shift:] + endpoints[:shift]:
