@@ -411,3 +411,19 @@ def test_batch_engine_asks_before_reading_a_backlog(models):
     assert first.remaining == sum(r.stop.max_tokens - 1 for r in queue[:4])
     for request in queue:
         assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
+
+
+def test_a_re_measure_between_speculating_gammas_is_not_a_switch():
+    """Best gamma 1: the draft is caught up but for the last round's tokens, so re-measuring gamma 2 is
+    not a switch from gamma 0 and no read budget applies (it used to be refused for good, leaving a
+    server at gamma 1 when 2-4 were better)."""
+    policy = AdaptiveGamma(max_gamma=2, candidates=(0, 1, 2), explore_every=5, min_samples=1)
+    policy.reads(1000, 0.05)
+    seconds = {0: 0.010, 1: 0.011, 2: 0.020}  # gamma 2's second draft is never accepted: 1 is best
+    chosen = []
+    for _ in range(40):
+        gamma = afford_switch(policy, 1, policy.choose(1), Backlog(1, 40))
+        chosen.append(gamma)
+        policy.observe(1, gamma, seconds[gamma], [min(gamma, 1)], [gamma])
+    assert chosen[:3] == [0, 1, 2] and policy.last_best[1] == 1
+    assert 2 in chosen[3:]  # re-measured

@@ -11,7 +11,10 @@ all buckets. It predicts committed tokens per second for each gamma as
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
 A new bucket climbs the candidates from gamma 0 upwards, trying the next one only while the largest
-tried so far is the best (the rate is unimodal in gamma in practice) and never past the best gamma of
+tried so far is the best or within ``climb_tolerance`` (10%) of it (the rate is unimodal in gamma in
+practice, and at batch 1 neighbouring gammas differ by a few percent, less than three noisy rounds
+can tell apart: stopping at the first apparent loss left a server at gamma 1 for minutes when 3 was
+best) and never past the best gamma of
 the nearest smaller bucket already decided (verifying extra positions costs relatively more as the
 batch grows), so a large batch never pays for a round at gamma 8 once gamma 1 has lost to plain
 decoding. Speculation is chosen only when its predicted rate beats plain decoding's by ``margin``
@@ -35,9 +38,9 @@ token (engines report reads through ``reads``):
 - switching to the bucket's best gamma must pay for itself: the time it saves over the rows'
   remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a
   speculating bucket late, with long contexts and few tokens left, stay plain);
-- a re-measure, or a gamma beyond what the nearest smaller bucket chose, is exploration: its reads may
-  take at most ``switch_budget`` (2%) of the time the bucket has spent at gamma 0 since it last
-  speculated (a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not every 50
+- a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
+  its reads may take at most ``switch_budget`` (2%) of the time the bucket has spent at gamma 0 since
+  it last speculated (a re-measure between two speculating gammas reads only the last round's tokens) (a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not every 50
   rounds, which made the reads ~10% of the time at batch 16).
 
 A choice is made for the load, not for one round's batch: the largest batch of the last
@@ -118,10 +121,11 @@ class AcceptanceCounts:
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
                  explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
-                 prior_rounds: float = 8.0, switch_budget: float = 0.02, hold_rounds: int = 16):
+                 prior_rounds: float = 8.0, switch_budget: float = 0.02, hold_rounds: int = 16,
+                 climb_tolerance: float = 0.1):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
-        self.switch_budget = switch_budget
+        self.switch_budget, self.climb_tolerance = switch_budget, climb_tolerance
         self.recent_sizes: deque[int] = deque(maxlen=max(1, hold_rounds))  # batch sizes of the last rounds
         self.read_log: deque[tuple[int, float]] = deque(maxlen=window)  # recent draft reads: (tokens, seconds)
         self.plain_seconds: dict[int, float] = {}  # per bucket: time at gamma 0 since it last speculated
@@ -201,7 +205,8 @@ class AdaptiveGamma:
         if gamma != self.last_best.get(bucket):
             climbing = (bucket, gamma) not in self.round_seconds and gamma <= self._cap(bucket)
             measuring = 0 < self.samples.get((bucket, gamma), 0) < self.min_samples  # finish what began
-            if climbing or measuring or cost <= self.switch_budget * self.plain_seconds.get(bucket, 0.0):
+            plain = self.plain_seconds.get(bucket, 0.0)  # 0: the bucket's last round speculated, caught up
+            if climbing or measuring or not plain or cost <= self.switch_budget * plain:
                 return gamma
             return 0
         plain, rate = self.predicted_rate(batch_size, 0), self.predicted_rate(batch_size, gamma)
@@ -238,8 +243,8 @@ class AdaptiveGamma:
             best = 0  # speculation must clearly beat plain decoding to be chosen
         larger = [g for g in self.candidates if max(tried) < g <= self._cap(bucket)
                   and (bucket, g) not in self.round_seconds]
-        if larger and best == max(tried):
-            return larger[0]  # climb while each larger gamma is the best so far
+        if larger and rate(max(tried)) >= (1 - self.climb_tolerance) * rate(best):
+            return larger[0]  # climb while the largest tried is the best so far, or nearly
         self.last_best[bucket] = best
         key = (bucket, best)
         if key not in self.next_explore:  # a new best: re-measure its neighbours soon
