@@ -31,8 +31,9 @@ def add_parser(commands) -> None:
     serve.add_argument("--gamma", type=int, default=spec.gamma,
                        help=f"drafts per round; with --adaptive the most tried (default {spec.gamma})")
     serve.add_argument("--adaptive", action="store_true",
-                       help="choose gamma per round from measured round times and acceptance for the current "
-                            "batch size, including 0 (speculation off) when the batch is large")
+                       help="choose gamma per round from measured round times and acceptance for the load "
+                            "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
+                            "batch is large; the draft catches up on what it missed only where that pays")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help=f"requests decoded together (default {defaults.max_batch})")
     serve.add_argument("--max-queue", type=int, default=defaults.max_queue,
