@@ -40,8 +40,9 @@ token (engines report reads through ``reads``):
   speculating bucket late, with long contexts and few tokens left, stay plain);
 - a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
   its reads may take at most ``switch_budget`` (2%) of the time the bucket has spent at gamma 0 since
-  it last speculated (a re-measure between two speculating gammas reads only the last round's tokens) (a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not every 50
-  rounds, which made the reads ~10% of the time at batch 16).
+  it last speculated, so a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not
+  every 50 rounds, which made the reads ~10% of the time at batch 16. A re-measure between two
+  speculating gammas is no switch: the draft reads only the last round's tokens.
 
 A choice is made for the load, not for one round's batch: the largest batch of the last
 ``hold_rounds`` (16) rounds. Behind a server the batch dips whenever requests finish together (a
@@ -72,7 +73,6 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-
 from dataclasses import dataclass
 
 from verispec.costmodel import expected_tokens
@@ -205,14 +205,14 @@ class AdaptiveGamma:
         if gamma != self.last_best.get(bucket):
             climbing = (bucket, gamma) not in self.round_seconds and gamma <= self._cap(bucket)
             measuring = 0 < self.samples.get((bucket, gamma), 0) < self.min_samples  # finish what began
-            plain = self.plain_seconds.get(bucket, 0.0)  # 0: the bucket's last round speculated, caught up
-            if climbing or measuring or not plain or cost <= self.switch_budget * plain:
+            plain_s = self.plain_seconds.get(bucket, 0.0)  # 0: the bucket's last round speculated
+            if climbing or measuring or not plain_s or cost <= self.switch_budget * plain_s:
                 return gamma
             return 0
-        plain, rate = self.predicted_rate(batch_size, 0), self.predicted_rate(batch_size, gamma)
-        if not plain or not rate:
+        plain_rate, rate = self.predicted_rate(batch_size, 0), self.predicted_rate(batch_size, gamma)
+        if not plain_rate or not rate:
             return gamma
-        return gamma if backlog.remaining * (1 / plain - 1 / rate) >= cost else 0
+        return gamma if backlog.remaining * (1 / plain_rate - 1 / rate) >= cost else 0
 
     def overhead_per_round(self, batch_size: int) -> float:
         bucket = self.bucket(batch_size)
@@ -303,9 +303,7 @@ def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, s
 def afford_switch(policy, batch_size: int, gamma: int, backlog: Backlog) -> int:
     """``gamma`` unless ``policy`` judges the draft's reads before the round too dear
     (``AdaptiveGamma.afford``); policies without that judgement get what they chose."""
-    if gamma and backlog.tokens and hasattr(policy, "afford"):
-        return policy.afford(batch_size, gamma, backlog)
-    return gamma
+    return policy.afford(batch_size, gamma, backlog) if hasattr(policy, "afford") else gamma
 
 
 class FixedGamma:

@@ -106,10 +106,11 @@ def _serving(config: BenchConfig, tokenizer, prompts, sampling, make_job, progre
     settings = config.serving
     loads = load_points(settings)
     records, walls, endpoints = [], {}, []
-    rounds = [list(range(settings.repeats))] if not settings.relaunch else [[r] for r in range(settings.repeats)]
+    # Repeats per set of server processes: all of them in one set, or (relaunch) one set per repeat.
+    server_sets = [[r] for r in range(settings.repeats)] if settings.relaunch else [list(range(settings.repeats))]
     total = (len(settings.launch) + len(settings.endpoints)) * len(loads) * settings.repeats * len(prompts)
     with tqdm(total=total, desc="bench serving", unit="req", file=sys.stderr, disable=not progress) as bar:
-        for repeats in rounds:  # one set of server processes per entry (relaunch: one per repeat)
+        for repeats in server_sets:
             with contextlib.ExitStack() as stack:
                 endpoints = []
                 for spec in settings.launch:
