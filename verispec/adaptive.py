@@ -30,10 +30,10 @@ that replace the neighbour's window (one round added to rounds taken minutes ear
 estimate: a neighbour once measured slow stayed slow).
 
 Leaving gamma 0 is not free: the draft first reads what every row committed meanwhile (prompts
-included), ~0.06 ms per token for the embedded draft, so 64 rows of 150 tokens cost ~0.6 s, a dozen
-rounds. Before a round that would switch, engines ask ``afford`` with the round's ``Backlog`` (tokens
-the draft has not read, tokens the rows may still generate), priced at the measured seconds per read
-token (engines report reads through ``reads``):
+included), ~0.06 ms per token for the embedded draft (docs/experiments/draft_read_cost.py), so 64
+rows of 150 tokens cost ~0.55 s, a dozen rounds. Before a round that would switch, engines ask
+``afford`` with the round's ``Backlog`` (tokens the draft has not read, tokens the rows may still
+generate), priced at the measured seconds per read token (engines report reads through ``reads``):
 
 - switching to the bucket's best gamma must pay for itself: the time it saves over the rows'
   remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a

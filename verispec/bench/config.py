@@ -120,7 +120,7 @@ class ServingSettings:
     max_concurrency: tuple[int, ...] = (1, 4)  # closed-loop load points (no arrival schedule)
     repeats: int = 1
     # Fresh launched servers for every repeat (repeats outermost, every load point inside each): one
-    # server process can be 10-40% faster or slower than another of the same code on a shared machine,
+    # server process can be ~15% faster or slower than another of the same code on a shared machine,
     # for its whole life, so with one process per variant that factor never averages out.
     relaunch: bool = False
     timeout_s: float = 120.0
