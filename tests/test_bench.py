@@ -18,7 +18,7 @@ from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_pro
 from verispec.cli import main
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.stats import RequestStats, RoundRecord
+from verispec.stats import RequestStats, RoundRecord, median_interval
 
 # ---- config ---------------------------------------------------------------------------------------------
 
@@ -152,6 +152,31 @@ def test_speedups_pair_repeats_and_prompts():
     assert rows["off"]["speedup_vs"] == {}
 
 
+def test_median_interval_uses_binomial_order_statistics():
+    # n = 6: only (min, max) reaches 95%, coverage 1 - 2/64; n = 5 cannot (1 - 2/32 < 0.95).
+    assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0, pytest.approx(1 - 2 / 64))
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    # n = 16: P(Bin(16, 1/2) <= 3) = 697/65536 keeps 95%, adding P(= 4) = 1820/65536 does not.
+    low, high, coverage = median_interval([float(v) for v in range(16, 0, -1)])
+    assert (low, high) == (4.0, 13.0) and coverage == pytest.approx(1 - 2 * 697 / 65536)
+
+
+def test_speedup_interval_comes_from_paired_repeat_ratios():
+    ratios = [0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]  # fast / off per repeat
+    records, walls = [], {}
+    for k, ratio in enumerate(ratios):
+        records += [_record("off", tokens=10, e2e=1.0, repeat=k), _record("fast", tokens=10, e2e=1.0, repeat=k)]
+        walls[("off", "c1", k)], walls[("fast", "c1", k)] = 1.0, 1.0 / ratio
+    rows = {r["variant"]: r for r in compare(records, walls, ("off",))}
+    interval = rows["fast"]["speedup_interval_vs"]["off"]
+    # n = 8: k = 2 covers 1 - 2 * 9/256 = 0.93 < 0.95, so k = 1: (min, max) with 1 - 2/256.
+    assert (interval["low"], interval["high"], interval["repeats"]) == (pytest.approx(0.9), pytest.approx(1.6), 8)
+    assert interval["coverage"] == pytest.approx(1 - 2 / 256)
+    assert rows["fast"]["speedup_vs"]["off"] == pytest.approx(1.25)
+    few = compare(records[:4], {k: v for k, v in walls.items() if k[2] < 2}, ("off",))
+    assert all(r["speedup_interval_vs"] == {} for r in few)  # two repeats give no interval, and none is shown
+
+
 def test_identity_compares_same_prompt_and_repeat():
     records = [_record("off", tokens=2), _record("a", tokens=2), _record("b", tokens=2)]
     records[0].tokens, records[1].tokens, records[2].tokens = [1, 2], [1, 2], [1, 3]
@@ -262,6 +287,24 @@ def test_quick_run_writes_json_markdown_html_and_plots(quick_run):
     assert "Latency at low load (c1)" in markdown and "![offline: output tokens/s by load]" in markdown
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert result["offline"]["requests"] and not any(r["status"] != "ok" for r in result["offline"]["requests"])
+
+
+def test_rerender_recomputes_rows_from_stored_requests(quick_run, tmp_path, capsys):
+    out, result = quick_run
+    copy = tmp_path / "old"
+    copy.mkdir()
+    old = json.loads(json.dumps(result))
+    for row in old["offline"]["rows"]:  # as if written before intervals existed, with a stale figure
+        row.pop("speedup_interval_vs")
+        row["tokens_per_s"] = -1.0
+    (copy / "result.json").write_text(json.dumps(old))
+    assert main(["bench", "--rerender", str(copy), "--no-plots"]) == 0
+    redone = json.loads((copy / "result.json").read_text())
+    assert redone["offline"]["rows"] == result["offline"]["rows"]
+    assert "speedup vs off [95% interval]" in (copy / "report.md").read_text()
+    (copy / "result.json").write_text("{}")
+    assert main(["bench", "--rerender", str(copy / "result.json")]) == 2
+    assert "holds no stored requests" in capsys.readouterr().err
 
 
 def test_run_records_config_hardware_and_versions(quick_run, byte_pair):

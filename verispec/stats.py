@@ -24,6 +24,8 @@ Definitions (DESIGN.md "Metrics"):
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -158,3 +160,21 @@ def percentile(values: list[float], q: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """Distribution-free confidence interval for the median: the order statistics (k-th smallest,
+    k-th largest) with the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at least ``level``.
+    Returns (low, high, coverage), or None when even (min, max) covers less than ``level`` (n < 6 at 95%)."""
+    n = len(values)
+    ordered = sorted(values)
+    best = None
+    below = 0.0  # P(Binomial(n, 1/2) <= k - 1)
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2 ** n
+        coverage = 1 - 2 * below
+        if coverage < level:
+            break
+        best = (ordered[k - 1], ordered[n - k], coverage)
+    return best
+

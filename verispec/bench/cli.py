@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from verispec.errors import VerispecError
 
@@ -60,6 +61,9 @@ def add_parser(commands) -> None:
     bench.add_argument("--max-concurrency", type=int, action="append", help="serving closed-loop load (repeatable)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--json", action="store_true", help="also print the result JSON's rows to stdout")
+    bench.add_argument("--rerender", metavar="RESULT_JSON",
+                       help="run nothing: recompute the rows of an earlier result.json (or its directory) from its "
+                            "stored requests with today's metrics, and rewrite result.json and the reports there")
     # None means "not given": the TOML file or the bench defaults decide (flags override them).
     bench.set_defaults(run=run_bench_command, device=None, backend=None, temperature=None, top_k=None, top_p=None,
                        min_p=None, seed=None)
@@ -109,11 +113,17 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from verispec.bench.report import write_report
     from verispec.bench.run import jsonable, run_bench, write_result
 
-    config = load_config(args.config, quick=args.quick, overrides=overrides_from_args(args))
-    result = run_bench(config)
-    path = write_result(result, config.out)
-    reports = write_report(jsonable(result), config.out, with_plots=config.plots)
-    print(f"wrote {path}, {reports['markdown']}, {reports['html']} ({result['duration_s']:.0f} s)", file=sys.stderr)
+    if args.rerender:
+        result, out = _rerender(args.rerender)
+        path = write_result(result, out)
+        reports = write_report(result, out, with_plots=not args.no_plots)
+        print(f"rewrote {path}, {reports['markdown']}, {reports['html']}", file=sys.stderr)
+    else:
+        config = load_config(args.config, quick=args.quick, overrides=overrides_from_args(args))
+        result = run_bench(config)
+        path = write_result(result, config.out)
+        reports = write_report(jsonable(result), config.out, with_plots=config.plots)
+        print(f"wrote {path}, {reports['markdown']}, {reports['html']} ({result['duration_s']:.0f} s)", file=sys.stderr)
     if args.json:
         rows = {mode: result[mode]["rows"] for mode in ("offline", "serving") if mode in result}
         print(json.dumps(jsonable(rows)))
@@ -122,7 +132,25 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rerender(where: str) -> tuple[dict, Path]:
+    import json
+
+    from verispec.bench.run import recompare
+
+    path = Path(where)
+    path = path / "result.json" if path.is_dir() else path
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise VerispecError(f"--rerender: cannot read {path}: {exc}") from None
+    if not any("requests" in result.get(mode, {}) for mode in ("offline", "serving")):
+        raise VerispecError(f"--rerender: {path} holds no stored requests to recompute from")
+    return recompare(result), path.parent
+
+
 def summary_table(result: dict) -> str:
+    from verispec.bench.report import speedup_text
+
     lines = []
     for mode in ("offline", "serving"):
         if mode not in result:
@@ -132,7 +160,7 @@ def summary_table(result: dict) -> str:
                      "  committed/round  acceptance  errors")
         for row in result[mode]["rows"]:
             acc = row["acceptance"]
-            ratios = "  ".join(f"{row['speedup_vs'][r]:.2f}x" if row["speedup_vs"].get(r) else "-" for r in refs)
+            ratios = "  ".join(speedup_text(row, r) for r in refs)
             lines.append(f"  {row['variant']:<18} {row['load']:<8} {row['tokens_per_s']:8.1f}  {ratios}  "
                          f"{acc['committed_per_round'] or 0:.2f}  "
                          f"{acc['acceptance_rate'] if acc['acceptance_rate'] is not None else float('nan'):.2f}  "

@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from verispec.stats import ACCEPTANCE_RATE_DEFINITION, RequestStats, percentile
+from verispec.stats import ACCEPTANCE_RATE_DEFINITION, RequestStats, median_interval, percentile
 
 DEFINITIONS = {
     "acceptance_rate": ACCEPTANCE_RATE_DEFINITION + " (pooled over all rounds; a tree proposes its depth)",
@@ -42,6 +42,9 @@ DEFINITIONS = {
             "arrive inside multi-token chunks)",
     "latency_population": "ok requests, pooled over repeats",
     "speedup": "variant tokens/s / baseline tokens/s at the same load, per repeat; median over repeats",
+    "speedup_interval": "distribution-free interval for that median: the k-th smallest and k-th largest "
+                        "per-repeat ratio, k the largest with coverage 1 - 2 P(Binomial(repeats, 1/2) < k) "
+                        ">= 95% (needs 6 or more repeats)",
     "accuracy": "math: the first 'The answer is N' equals the reference; failed requests count as wrong",
     "validity": "code: the body (cut at the first dedent) is not blank and prompt + body parses with ast",
     "completion": "share of requests that finished by stop, by length, or failed",
@@ -228,7 +231,7 @@ def compare(records: list[RequestRecord], walls: dict, references: tuple[str, ..
         if cpu is not None:
             cpu_s = sum(cpu.get((variant, load, k), 0.0) for k in per_repeat)
             row["cpu_per_wall"] = cpu_s / row["wall_s"] if row["wall_s"] > 0 else None
-        row["speedup_vs"], row["per_prompt_speedup_vs"] = {}, {}
+        row["speedup_vs"], row["speedup_interval_vs"], row["per_prompt_speedup_vs"] = {}, {}, {}
         for reference in references:
             if reference == variant or (reference, load) not in units:
                 continue
@@ -236,6 +239,10 @@ def compare(records: list[RequestRecord], walls: dict, references: tuple[str, ..
             ratios = [per_repeat[k]["tokens_per_s"] / base[k]["tokens_per_s"] for k in per_repeat
                       if k in base and base[k]["tokens_per_s"] > 0]
             row["speedup_vs"][reference] = percentile(ratios, 50) if ratios else None
+            interval = median_interval(ratios)
+            if interval is not None:
+                row["speedup_interval_vs"][reference] = {"low": interval[0], "high": interval[1],
+                                                         "coverage": interval[2], "repeats": len(ratios)}
             row["per_prompt_speedup_vs"][reference] = per_prompt_speedup(records, variant, reference, load)
         rows.append(row)
     return rows

@@ -37,6 +37,13 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+def speedup_text(row: dict, reference: str) -> str:
+    """'1.02x', or '1.02x [0.98-1.05]' with the 95% interval when there were enough repeats for one."""
+    text = fmt(row["speedup_vs"].get(reference), 2, "x")
+    interval = row.get("speedup_interval_vs", {}).get(reference)
+    return text + (f" [{interval['low']:.2f}-{interval['high']:.2f}]" if interval else "")
+
+
 def _pct(dist: dict | None) -> str:
     dist = dist or {}
     return f"{fmt(dist.get('median'), 1)} / {fmt(dist.get('p95'), 1)}"
@@ -107,11 +114,11 @@ def _mode(section: dict, mode: str, images: dict[str, str]) -> list[Block]:
                     for r in rows if r["load"] == low]))
     blocks.append(("h3", "Throughput by load"))
     blocks.append(("table", ["variant", "load", "output tokens/s (min–max)", "requests/s", "errors", "timeouts",
-                             "error rate", "CPU s / wall s"] + [f"speedup vs {r}" for r in refs],
+                             "error rate", "CPU s / wall s"] + [f"speedup vs {r} [95% interval]" for r in refs],
                    [[r["variant"], r["load"], f"{fmt(r['tokens_per_s'], 1)} ({fmt(r['tokens_per_s_range'][0], 1)}–"
                      f"{fmt(r['tokens_per_s_range'][1], 1)})", fmt(r["requests_per_s"], 3), r["errors"], r["timeouts"],
                      fmt(r["error_rate"], 3), fmt(r.get("cpu_per_wall"))]
-                    + [fmt(r["speedup_vs"].get(ref), 2, "x") for ref in refs] for r in rows]))
+                    + [speedup_text(r, ref) for ref in refs] for r in rows]))
     starved = [f"{r['variant']}@{r['load']}" for r in rows if r.get("cpu_per_wall") is not None
                and r["cpu_per_wall"] < 0.5]
     if starved:

@@ -22,7 +22,7 @@ import torch
 from verispec.bench.config import CACHE_POLICY, BenchConfig, Variant
 from verispec.bench.environment import PeakMemory, describe_hardware, model_facts, package_versions, process_peak_rss_mb
 from verispec.bench.offline import Job, NativeRunner, run_offline
-from verispec.bench.records import DEFINITIONS, compare, mark_identical
+from verispec.bench.records import DEFINITIONS, RequestRecord, compare, mark_identical
 from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_prompt_set, eos_for
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
@@ -137,6 +137,26 @@ def _serving(config: BenchConfig, tokenizer, prompts, sampling, make_job, progre
             "endpoints": [dataclasses.asdict(e) for e in endpoints],
             "load_points": [load.name for load in loads],
             "requests": [r.as_dict() for r in records]}
+
+
+def recompare(result: dict) -> dict:
+    """Recompute every mode's rows from the stored requests and per-repeat walls with today's metrics,
+    so that an old result.json gets today's report (e.g. intervals added after it was run)."""
+    for mode in ("offline", "serving"):
+        section = result.get(mode)
+        if not section or "requests" not in section:
+            continue
+        records = [RequestRecord(**r) for r in section["requests"]]
+        walls, cpu = {}, {}
+        for row in section["rows"]:
+            for unit in row["per_repeat"]:
+                key = (row["variant"], row["load"], unit["repeat"])
+                walls[key] = unit["wall_s"]
+                if row.get("cpu_per_wall") is not None:
+                    cpu[key] = row["cpu_per_wall"] * unit["wall_s"]
+        section["rows"] = compare(records, walls, tuple(section["references"]), cpu or None)
+    result["definitions"] = DEFINITIONS
+    return result
 
 
 # ---- models ------------------------------------------------------------------------------------------------
