@@ -9,6 +9,7 @@ import pytest
 from verispec.adaptive import AdaptiveGamma, Backlog, FixedGamma, HFHeuristicGamma, afford_switch
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.costmodel import expected_tokens
 from verispec.drafters import DraftModelDrafter, NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.models.llama import load_checkpoint
@@ -187,6 +188,26 @@ def test_adaptive_policy_judges_a_candidate_on_several_rounds():
         seconds = next(times) if gamma in (0, 1) else 1.0
         policy.observe(4, gamma, seconds, [1, 0, 1, 0] if gamma else [0] * 4, [gamma] * 4)
     assert chosen[:6] == [0, 0, 0, 1, 1, 1] and chosen[6:] == [0] * 6
+
+
+def test_a_seeded_policy_starts_at_the_profiles_best_and_rescales_to_the_machine():
+    # Profile: plain 10 ms, gamma g costs 10 + 2g ms; acceptance 0.8 per position.
+    seeded = {g: 0.010 + 0.002 * g for g in (0, 1, 2, 3, 4, 6, 8)}
+    policy = AdaptiveGamma(max_gamma=8)
+    policy.seed(seeded, [0.8] * 8)
+    assert policy.acceptance()[:3] == pytest.approx([0.8, 0.8, 0.8])
+    best = max(seeded, key=lambda g: expected_tokens(g, alpha=0.8) / seeded[g] if g else 1 / seeded[0])
+    assert policy.choose(1) == best != 0  # no climb from gamma 0
+    # This machine runs 1.5x slower than the profiled one: the measured gamma's estimate is real, and
+    # the others still unmeasured scale with it, so the profile's ranking holds.
+    for _ in range(3):
+        policy.observe(1, best, 1.5 * seeded[best], [best], [best])
+        assert policy.choose(1) == best
+    assert all(policy.round_seconds[(1, g)] == pytest.approx(1.5 * seeded[g]) for g in seeded)
+    # A gamma the server has measured keeps its own time when another is measured later.
+    policy.observe(1, 1, 0.05, [1], [1])
+    assert policy.round_seconds[(1, best)] == pytest.approx(1.5 * seeded[best])
+    assert policy.round_seconds[(1, 0)] == pytest.approx(seeded[0] * 0.05 / seeded[1])
 
 
 def test_adaptive_rate_uses_the_rows_its_rounds_ran_with():

@@ -33,6 +33,19 @@ def test_sweep_picks_the_best_gamma():
     assert plans[0].cycle_ms == 1 + 11  # gamma 1 verifies 2 positions
 
 
+def test_measured_cycles_and_read_cost_enter_the_plan():
+    kwargs = dict(draft_ms=1, verify_ms=12, state_ms=2, baseline_ms=10, alpha=0.8)
+    modelled = costmodel.plan(4, **kwargs)
+    measured = costmodel.plan(4, measured_cycle_ms={4: 20.0}, read_ms_per_token=0.5, **kwargs)
+    assert measured.cycle_ms == 20.0 and modelled.cycle_ms == 18.0
+    assert measured.ms_per_token == pytest.approx(20.0 / 3.3616 + 0.5)
+    assert measured.speedup == pytest.approx(10 / (20.0 / 3.3616 + 0.5))
+    # An untimed gamma falls back to the model; gamma 0 is plain decoding and pays no reads.
+    assert costmodel.plan(3, measured_cycle_ms={4: 20.0}, **kwargs).cycle_ms == 3 * 1 + 12 + 2
+    plain = costmodel.plan(0, measured_cycle_ms={4: 20.0}, read_ms_per_token=0.5, **kwargs)
+    assert plain.speedup == pytest.approx(10 / 12)  # verify_ms(1) = 12 here is the modelled plain step
+
+
 def test_plan_cli_json(capsys):
     assert main(["plan", "--alpha", "0.8", "--gamma", "4", "--draft-ms", "1", "--verify-ms", "12",
                  "--state-ms", "2", "--baseline-ms", "10", "--json"]) == 0

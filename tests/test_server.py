@@ -502,6 +502,17 @@ def test_serve_command_errors(capsys, tmp_path, byte_pair):
     assert "--draft" in capsys.readouterr().err
     assert main(["serve", "--target", str(target), "--method", "none", "--backend", "hf"]) == 2
     assert "native model" in capsys.readouterr().err
+    assert main(["serve", "--target", str(target), "--draft", str(draft), "--profile", "p.json"]) == 2
+    assert "add --adaptive" in capsys.readouterr().err
+    assert main(["serve", "--target", str(target), "--draft", str(draft), "--adaptive", "--profile",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "cannot read profile" in capsys.readouterr().err
+    uncalibrated = tmp_path / "profile.json"
+    uncalibrated.write_text(json.dumps({"verify_ms": {"1": 1.0, "2": 1.5}, "decode_ms": 1.0, "draft_ms": 0.2,
+                                        "state_ms": 0.1}))
+    assert main(["serve", "--target", str(target), "--draft", str(draft), "--adaptive", "--profile",
+                 str(uncalibrated)]) == 2
+    assert "verispec profile --calibrate" in capsys.readouterr().err
 
 
 def test_serve_subprocess_answers_and_shuts_down_on_sigint(byte_pair):

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=15, help="repeats per measurement; medians (15)")
     prof.add_argument("--calibrate", type=int, default=0, metavar="N",
                       help="measure acceptance on N held-out prompts per workload (default 0: skip)")
-    prof.add_argument("--calibrate-gamma", type=int, default=8, help="drafts per round while calibrating (8)")
+    prof.add_argument("--calibrate-gamma", type=int, default=8,
+                      help="most drafts per round while calibrating: rounds draft 1, 2, ..., N in turn, so that "
+                           "every gamma's round is timed in the real loop (8)")
     prof.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     prof.add_argument("--json", action="store_true", help="print the profile JSON")
     prof.set_defaults(run=_run_profile)

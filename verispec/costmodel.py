@@ -13,7 +13,7 @@ speedup is baseline_ms / that.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 VerifyCost = Callable[[int], float]  # verified positions -> ms
 
@@ -41,12 +41,20 @@ def expected_tokens(gamma: int, alpha: float | None = None, acceptance: Sequence
 
 
 def plan(gamma: int, draft_ms: float, verify_ms: float | VerifyCost, state_ms: float, baseline_ms: float,
-         alpha: float | None = None, acceptance: Sequence[float] | None = None) -> Plan:
-    """Predicted cost of chain speculation with ``gamma`` drafts; gamma 0 is plain decoding."""
+         alpha: float | None = None, acceptance: Sequence[float] | None = None,
+         measured_cycle_ms: Mapping[int, float] | None = None, read_ms_per_token: float = 0.0) -> Plan:
+    """Predicted cost of chain speculation with ``gamma`` drafts; gamma 0 is plain decoding.
+
+    ``measured_cycle_ms``: rounds timed in situ per gamma; where one is given it is the cycle (the sum
+    of the three costs is the model for gammas not timed). ``read_ms_per_token``: per-token cost outside
+    rounds when speculating (the draft reading each prompt, amortised over the tokens decoded)."""
     tokens = expected_tokens(gamma, alpha, acceptance)
-    verify = verify_ms(gamma + 1) if callable(verify_ms) else float(verify_ms)
-    cycle = gamma * draft_ms + verify + (state_ms if gamma else 0.0)
-    per_token = cycle / tokens
+    if gamma and measured_cycle_ms and gamma in measured_cycle_ms:
+        cycle = float(measured_cycle_ms[gamma])
+    else:
+        verify = verify_ms(gamma + 1) if callable(verify_ms) else float(verify_ms)
+        cycle = gamma * draft_ms + verify + (state_ms if gamma else 0.0)
+    per_token = cycle / tokens + (read_ms_per_token if gamma else 0.0)
     return Plan(gamma, tokens, cycle, per_token, baseline_ms / per_token)
 
 

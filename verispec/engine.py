@@ -139,6 +139,8 @@ class Generation:
         else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         record.draft_s = time.perf_counter() - began
+        if num_drafts > 0:
+            record.draft_read_s = getattr(drafter, "prompt_s", 0.0) + getattr(drafter, "backlog_s", 0.0)
         record.tree_nodes = proposal.num_drafts
         # Positions a round could accept: K for a chain, the depth for a tree.
         tree = proposal.tree

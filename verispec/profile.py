@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from verispec import costmodel
+from verispec.adaptive import CycleGamma, FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules, TreeShape
 from verispec.models.llama import LlamaForCausalLM
 from verispec.tree import TokenTree
@@ -120,43 +121,61 @@ def measure_state_ms(model: LlamaForCausalLM, context: int, repeats: int) -> dic
 
 
 def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
-              plain_engine=None) -> dict:
-    """Greedy runs of the engine (chain, ``gamma``) on ``prompts``: conditional acceptance per draft
-    position, and with ``plain_engine`` the costs as they are *in situ*, inside real decoding loops
-    (``in_situ_costs``)."""
+              plain_engine=None, cycle: bool = True) -> dict:
+    """Greedy chain runs of the engine on ``prompts``: conditional acceptance per draft position, and with
+    ``plain_engine`` the costs as they are *in situ*, inside real decoding loops (``in_situ_costs``).
+    With ``cycle`` the rounds draft 1, 2, ..., ``gamma`` tokens in turn (``CycleGamma``), so every
+    width's round is timed in situ; otherwise every round drafts ``gamma``."""
     reached = [0] * (gamma + 1)
     accepted = [0] * (gamma + 1)
-    rounds, plain = [], []
+    rounds, spec, plain = [], [], []
     stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
-    for prompt in prompts:
-        result = engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(gamma=gamma), stop)
-        rounds += [r for r in result.stats.rounds if r.drafted == gamma]
-        for record in result.stats.rounds:
-            for position in range(1, min(record.drafted, record.accepted + 1) + 1):
-                reached[position] += 1
-                accepted[position] += position <= record.accepted
-        if plain_engine is not None:
-            plain.append(plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"),
-                                               stop).stats)
-    out = {"prompts": len(prompts), "gamma": gamma,
+    policy = engine.gamma_policy
+    engine.gamma_policy = CycleGamma(gamma) if cycle else FixedGamma(gamma)
+    try:
+        for prompt in prompts:
+            result = engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(gamma=gamma), stop)
+            spec.append(result.stats)
+            rounds += result.stats.rounds
+            for record in result.stats.rounds:
+                for position in range(1, min(record.drafted, record.accepted + 1) + 1):
+                    reached[position] += 1
+                    accepted[position] += position <= record.accepted
+            if plain_engine is not None:
+                plain.append(plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"),
+                                                   stop).stats)
+    finally:
+        engine.gamma_policy = policy
+    out = {"prompts": len(prompts), "gamma": gamma, "cycle": cycle,
            "acceptance": [accepted[i] / reached[i] if reached[i] else 0.0 for i in range(1, gamma + 1)]}
-    if plain and rounds:
-        out["in_situ"] = in_situ_costs(rounds, plain)
+    if plain and any(r.drafted == gamma for r in rounds):
+        out["in_situ"] = in_situ_costs(rounds, gamma, spec, plain)
     return out
 
 
-def in_situ_costs(rounds, plain_stats) -> dict[str, float]:
-    """Per-round costs measured inside real decoding (ms): draft per drafted token, verify of gamma + 1
-    positions, state + engine overhead per round, and plain decoding per token, as real loops pay them
-    (sampling and bookkeeping included, the draft and target alternating on the same caches)."""
-    count = len(rounds)
+def in_situ_costs(rounds, gamma: int, spec_stats, plain_stats) -> dict:
+    """Costs measured inside real decoding (ms), as real loops pay them (sampling and bookkeeping
+    included, the draft and target alternating on the same caches):
+
+    - ``round_ms``: per drafted width, the mean round, the draft's reads of a prompt or backlog excluded;
+    - ``read_ms_per_token``: those reads, per decoded token of the speculative runs (a cost per request);
+    - at width ``gamma``: draft per drafted token, verify of gamma + 1 positions, state + overhead;
+    - ``decode_ms``: plain decoding per token."""
+    top = [r for r in rounds if r.drafted == gamma]
+    widths = sorted({r.drafted for r in rounds if r.drafted > 0})
+    round_ms = {w: 1e3 * statistics.fmean(r.total_s - r.draft_read_s for r in rounds if r.drafted == w)
+                for w in widths}
     decode_s = sum(s.e2e_s - s.ttft_s for s in plain_stats)
     decode_tokens = sum(s.generated_tokens - 1 for s in plain_stats)
-    return {"rounds": count,
-            "draft_ms": 1e3 * sum(r.draft_s for r in rounds) / sum(r.drafted for r in rounds),
-            "verify_ms": 1e3 * sum(r.verify_s for r in rounds) / count,
-            "state_ms": 1e3 * sum(r.state_s + r.other_s for r in rounds) / count,
-            "decode_ms": 1e3 * decode_s / max(decode_tokens, 1)}
+    return {"rounds": len(top),
+            "draft_ms": 1e3 * sum(r.draft_s - r.draft_read_s for r in top) / sum(r.drafted for r in top),
+            "verify_ms": 1e3 * sum(r.verify_s for r in top) / len(top),
+            "state_ms": 1e3 * sum(r.state_s + r.other_s for r in top) / len(top),
+            "decode_ms": 1e3 * decode_s / max(decode_tokens, 1),
+            "round_ms": {str(w): ms for w, ms in round_ms.items()},
+            "rounds_by_width": {str(w): sum(r.drafted == w for r in rounds) for w in widths},
+            "read_ms_per_token": 1e3 * sum(r.draft_read_s for r in rounds)
+            / max(sum(s.generated_tokens - 1 for s in spec_stats), 1)}
 
 
 def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: int = 128,
@@ -223,6 +242,14 @@ def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None,
         slope = (high - low) / span if span > 0 else 1.0
         costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=low)
         verify = {n: low + slope * (ms - verify[1]) for n, ms in verify.items()}
+    if in_situ and in_situ.get("round_ms"):
+        # A cycling calibration timed every width's whole round in one loop: those rounds are the
+        # cycles (made non-decreasing in width, as a dip is noise), and the draft's reads of each
+        # prompt are a per-token cost of speculating at all. The model above fills untimed widths.
+        widths = sorted(int(w) for w in in_situ["round_ms"])
+        costs.update(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=in_situ["decode_ms"])
+        costs["measured_cycle_ms"] = dict(zip(widths, monotone([in_situ["round_ms"][str(w)] for w in widths])))
+        costs["read_ms_per_token"] = in_situ.get("read_ms_per_token", 0.0)
     return costmodel.sweep(range(0, top + 1), verify_ms=lambda n: verify[n], acceptance=acceptance, **costs)
 
 
@@ -244,6 +271,27 @@ def plot_verify_curve(profile_data: dict, path: str | Path, label: str = "") -> 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def seed_policy(policy, profile_data: dict) -> int:
+    """Seed an ``AdaptiveGamma``'s batch-1 estimates from a calibrated profile: each gamma's planned
+    cycle as its round time, the calibrated acceptance as evidence. Returns the gamma the profile
+    predicts best (where the policy starts). ValueError/KeyError for a profile without calibration."""
+    calibration = profile_data.get("calibration") or {}
+    if not calibration.get("acceptance"):
+        raise ValueError("it holds no calibration (make one with: verispec profile --calibrate N)")
+    plans, _ = plan_from_profile(profile_data, max_gamma=max(policy.candidates))
+    plans = [p for p in plans if p.gamma in policy.candidates]
+    policy.seed({p.gamma: p.cycle_ms / 1e3 for p in plans}, calibration["acceptance"])
+    return max(plans, key=lambda p: p.speedup).gamma
+
+
+def load(path: str | Path) -> dict:
+    """A profile JSON written by ``save``; OSError or ValueError where it is not one."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or "verify_ms" not in data:
+        raise ValueError("not a verispec profile (no verify_ms)")
+    return data
 
 
 def save(profile_data: dict, path: str | Path) -> None:

@@ -39,6 +39,7 @@ class RoundRecord:
     committed: int  # after EOS / stop / max_tokens cuts
     last_kind: Literal["recovered", "bonus", "cut"]
     draft_s: float = 0.0
+    draft_read_s: float = 0.0  # part of draft_s: the draft reading a prompt or backlog before drafting
     verify_s: float = 0.0
     state_s: float = 0.0  # committing: target state refresh + drafter rollback + stop rules
     refresh_s: float = 0.0  # the target-state refresh alone (part of state_s)

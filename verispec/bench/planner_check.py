@@ -3,8 +3,10 @@
     python -m verispec.bench.planner_check --prompts 3 --max-tokens 64 --repeats 3 --threads 1
 
 1. Profile the pair now, in this process: verify ms for 1..9 positions, draft ms, state ms.
-2. Calibrate conditional acceptance per position with greedy chain runs (gamma 8) on calibration prompts
-   (held-out prompts after the first ``--prompts`` of each workload: disjoint from the evaluation set).
+2. Calibrate with greedy chain runs on calibration prompts (held-out prompts after the first
+   ``--prompts`` of each workload: disjoint from the evaluation set), whose rounds draft 1..8 tokens in
+   turn: conditional acceptance per position, each width's round time in situ, the draft's prompt reads
+   per token, and plain decoding per token interleaved per prompt.
 3. Evaluate, interleaved per prompt and repeated: speculation off, fixed gamma 1..8, the adaptive policy
    and HF's heuristic (+2 if all accepted, -1 otherwise); the two online policies first run the
    calibration prompts once, as the planner was calibrated on them (--cold-policies: they start
@@ -167,6 +169,9 @@ def main(argv=None) -> int:
     parser.add_argument("--calibrate-gamma", type=int, default=None,
                         help="gamma of the calibration runs (acceptance per position up to it; in-situ costs); "
                              "default --max-gamma")
+    parser.add_argument("--fixed-calibration", action="store_true",
+                        help="calibrate with every round at --calibrate-gamma (the older method: one width timed in "
+                             "situ, the others mapped from the profiled verify curve) instead of cycling 1..N")
     parser.add_argument("--cold-policies", action="store_true",
                         help="start the adaptive and HF policies cold instead of letting them first run the "
                              "calibration prompts the planner was calibrated on")
@@ -189,7 +194,8 @@ def main(argv=None) -> int:
         parser.error("no held-out prompts left for calibration; lower --prompts")
     data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma)),
                                              calibration, args.calibrate_gamma, args.max_tokens,
-                                             plain_engine=build_engine(pair, SpecConfig(method="none")))
+                                             plain_engine=build_engine(pair, SpecConfig(method="none")),
+                                             cycle=not args.fixed_calibration)
     acceptance = data["calibration"]["acceptance"]
     configs = variants(gammas)
     with tqdm(total=args.repeats * len(evaluation), desc="planner check", unit="prompt", file=sys.stderr) as bar:

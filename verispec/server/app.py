@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from verispec import profile as profiler
 from verispec.adaptive import AdaptiveGamma
 from verispec.batch import BatchEngine, BatchEvent
 from verispec.config import SpecConfig
@@ -65,9 +66,19 @@ def default_model_name(pair: ModelPair) -> str:
     return "verispec-default" if pair.target_dir.resolve() == DEFAULT_TARGET.resolve() else pair.target_dir.name
 
 
-def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool) -> BatchEngine:
+def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
+                       profile: dict | None = None) -> BatchEngine:
+    """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1."""
     if adaptive and not spec.enabled:
         raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
+    if profile is not None and not adaptive:
+        raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
+    policy = AdaptiveGamma(max_gamma=spec.gamma) if adaptive else None
+    if profile is not None:
+        try:
+            profiler.seed_policy(policy, profile)
+        except (ValueError, KeyError) as err:
+            raise VerispecError(f"--profile cannot seed the policy: {err}") from None
     if not all(isinstance(m, LlamaForCausalLM) for m in (pair.target, pair.draft) if m is not None):
         raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
                             "transformers adapter (--backend hf, other architectures) and the compressed-attention "
@@ -75,13 +86,13 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
-                       gamma_policy=AdaptiveGamma(max_gamma=spec.gamma) if adaptive else None)
+                       gamma_policy=policy)
 
 
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
-               adaptive: bool = False, model_name: str | None = None) -> FastAPI:
+               adaptive: bool = False, model_name: str | None = None, profile: dict | None = None) -> FastAPI:
     model_name = model_name or default_model_name(pair)
-    engine = build_batch_engine(pair, spec, config, adaptive)
+    engine = build_batch_engine(pair, spec, config, adaptive, profile)
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, config, metrics)
     builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)

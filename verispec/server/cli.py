@@ -34,6 +34,10 @@ def add_parser(commands) -> None:
                        help="choose gamma per round from measured round times and acceptance for the load "
                             "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
                             "batch is large; the draft catches up on what it missed only where that pays")
+    serve.add_argument("--profile", metavar="JSON",
+                       help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
+                            "(verispec profile --calibrate N --out FILE) instead of climbing from 0; the "
+                            "server's own rounds then replace the profile's estimates")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help=f"requests decoded together (default {defaults.max_batch})")
     serve.add_argument("--max-queue", type=int, default=defaults.max_queue,
@@ -57,6 +61,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.timeout > 0:
         raise VerispecError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.profile and not args.adaptive:
+        raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
     if args.method == "none":
         if args.adaptive:
             raise VerispecError("--adaptive chooses how many drafts to verify; it needs --method chain or ngram")
@@ -83,7 +89,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise VerispecError("--method chain needs --draft DIR next to --target (or use --method ngram / none)")
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
                      backend=args.backend)
-    app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name)
+    profile = None
+    if args.profile:
+        from verispec import profile as profiler
+
+        try:
+            profile = profiler.load(args.profile)
+        except (OSError, ValueError) as err:
+            raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
+    app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile)
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
