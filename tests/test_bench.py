@@ -408,6 +408,24 @@ def test_planner_check_reports_predicted_and_realised_per_gamma(tmp_path, capsys
     assert data["settings"]["evaluation_prompts"] == 3 and data["settings"]["calibration_prompts"] > 0
 
 
+def test_planner_check_scores_the_best_fixed_gamma_on_held_out_repeats():
+    from verispec.bench.planner_check import report
+
+    speeds = {"off": [1.0, 1.0, 1.0], "gamma1": [1.2, 1.5, 1.2], "gamma2": [1.4, 1.1, 1.3],
+              "adaptive": [1.25, 1.25, 1.25], "hf": [1.0, 1.0, 1.0]}
+    measured = {name: {"s_per_token": [1 / v for v in values], "drafted_per_round": [{}, {}, {}],
+                       "committed_per_round": 2.0} for name, values in speeds.items()}
+    profile_data = {"verify_ms": {"1": 5.0, "2": 5.5, "3": 6.0}, "decode_ms": 5.0, "draft_ms": 0.5,
+                    "state_ms": 0.1, "threads": 1}
+    data = report(profile_data, [0.8, 0.8], measured, [1, 2])
+    # Best realised median: gamma 2 (1.3x). Held out: repeat 0 picks gamma 1 (1.35 vs 1.2 on repeats
+    # 1-2) and scores 1.2; repeat 1 picks gamma 2 (1.35 vs 1.2), 1.1; repeat 2 picks gamma 1, 1.2.
+    assert data["best_realised_speedup"] == pytest.approx(1.3)
+    assert [h["gamma"] for h in data["best_fixed_held_out_picks"]] == [1, 2, 1]
+    assert data["best_fixed_held_out"] == pytest.approx(1.2)
+    assert not data["adaptive_at_least_best_fixed"] and data["adaptive_at_least_best_fixed_held_out"]
+
+
 @pytest.mark.parametrize("relaunch", [False, True])
 def test_serving_relaunch_gives_every_repeat_fresh_servers(monkeypatch, relaunch):
     """With ``relaunch`` every repeat gets its own server processes (repeats outermost, every load point
