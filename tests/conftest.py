@@ -41,3 +41,18 @@ def byte_pair(tmp_path_factory):
     make_checkpoint(target, vocab, hidden=64, layers=2, seed=7)
     make_checkpoint(draft, vocab, hidden=32, layers=1, heads=2, kv_heads=1, seed=8)
     return target, draft
+
+
+@pytest.fixture(params=["amx", "avx2"])
+def kernel_path(request, monkeypatch):
+    """Both multiply paths of the kernel for bf16 weights where this CPU has AMX: tiles ("amx") and the
+    AVX2 loop ("avx2", as on CPUs without AMX). Weights are packed for the path when a model is
+    accelerated, so build the model inside the test. Without AMX the "amx" case is skipped, with why."""
+    from verispec import kernels
+
+    if request.param == "amx" and not kernels.amx():
+        pytest.skip(f"no AMX path here ({kernels._amx_reason or 'kernel unavailable'})")
+    if request.param == "avx2":
+        monkeypatch.setattr(kernels, "_amx_reason", "turned off by the test")
+    return request.param
+

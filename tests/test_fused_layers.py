@@ -90,7 +90,7 @@ def _passes(model, cache, fused_on, monkeypatch):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("bf16", [False, True])
-def test_fused_layers_match_the_torch_path(name, bf16, monkeypatch):
+def test_fused_layers_match_the_torch_path(name, bf16, monkeypatch, kernel_path):
     model = _model(name, bf16)
     reference, reference_cache, unfused_calls = _passes(model, model.new_cache(1), False, monkeypatch)
     got, cache, calls = _passes(model, model.new_cache(1), True, monkeypatch)
@@ -106,7 +106,7 @@ def test_fused_layers_match_the_torch_path(name, bf16, monkeypatch):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_ragged_batch_matches_torch_path(monkeypatch):
+def test_ragged_batch_matches_torch_path(monkeypatch, kernel_path):
     """Rows of different lengths (the batch engine): each new token goes after its own row's prefix."""
     model = _model("gqa")
     results = []
@@ -129,7 +129,7 @@ def test_ragged_batch_matches_torch_path(monkeypatch):
     torch.testing.assert_close(got2, want2, rtol=1e-4, atol=1e-4)
 
 
-def test_a_token_gets_the_same_bits_alone_or_verified_with_others(monkeypatch):
+def test_a_token_gets_the_same_bits_alone_or_verified_with_others(monkeypatch, kernel_path):
     """Every row is computed on its own in a fixed order: decoding a token alone and verifying it
     among others give bit-identical logits (speculation sees exactly plain decoding's numbers)."""
     model = _model("gqa")

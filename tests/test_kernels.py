@@ -47,6 +47,71 @@ def test_row_result_does_not_depend_on_other_rows(bf16):
     assert torch.equal(kernels.linear(x[3:11], packed), together[3:11])
 
 
+AMX_ONLY = pytest.mark.skipif(not kernels.amx(), reason=f"no AMX path here ({kernels._amx_reason})")
+
+
+def _tiled(weight):
+    packed = kernels._pack_weight(weight)
+    assert packed.dtype == torch.int16, "expected AMX tiles"
+    return packed
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 9, 16, 17, 33, 64])
+@pytest.mark.parametrize("shape", [(16, 32), (640, 384), (128, 1024)])
+@AMX_ONLY
+def test_amx_tiles_match_torch_and_rows_are_independent(rows, shape):
+    """The tile multiply of bf16 weights with x split exactly into three bf16 parts: fp32-accurate,
+    and each row's result bit-identical whatever rows share the call (chunks of 16 included)."""
+    out_features, in_features = shape
+    weight = _weights(out_features, in_features, True, seed=rows)
+    packed = _tiled(weight)
+    bias = torch.randn(out_features)
+    x = torch.randn(rows, in_features) * torch.logspace(-3, 3, in_features)  # magnitudes across the range
+    for with_bias in (None, bias):
+        got = kernels.linear(x, packed, with_bias)
+        want = (x.double() @ weight.double().T + (0 if with_bias is None else with_bias.double())).float()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(x.abs().max()) * in_features ** 0.5)
+    together = kernels.linear(x, packed)
+    for row in {0, rows // 2, rows - 1}:
+        assert torch.equal(kernels.linear(x[row:row + 1], packed), together[row:row + 1])
+
+
+@AMX_ONLY
+def test_amx_needs_whole_tiles_and_keeps_threads_out_of_results():
+    assert kernels._pack_weight(_weights(24, 64, True)).dtype == torch.bfloat16  # N % 16: row-major
+    assert kernels._pack_weight(_weights(32, 48, True)).dtype == torch.bfloat16  # K % 32: row-major
+    assert kernels._pack_weight(_weights(32, 64, False)).dtype == torch.float32  # not bf16-exact
+    packed, x = _tiled(_weights(640, 384, True)), torch.randn(9, 384)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.linear(x, packed)
+        torch.set_num_threads(2)
+        two = kernels.linear(x, packed)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_amx_is_switched_off_by_environment(monkeypatch):
+    kernels.library.cache_clear()
+    monkeypatch.setenv("VERISPEC_AMX", "0")
+    try:
+        assert kernels.library() is not None and not kernels.amx()
+        assert kernels._pack_weight(_weights(32, 64, True)).dtype == torch.bfloat16
+        assert "AMX off: disabled by VERISPEC_AMX=0" in kernels.status(_accelerated_tiny())
+    finally:
+        kernels.library.cache_clear()
+        monkeypatch.delenv("VERISPEC_AMX")
+        kernels.library()
+
+
+def _accelerated_tiny():
+    model = _tiny_llama(True)
+    kernels.accelerate(model)
+    return model
+
+
 def test_threads_do_not_change_results():
     weight = _weights(257, 128, True)
     x = torch.randn(6, 128)
@@ -105,7 +170,7 @@ def _tiny_llama(bf16_weights):
 
 
 @pytest.mark.parametrize("bf16_weights", [False, True])
-def test_grouped_projections_and_model_logits(bf16_weights):
+def test_grouped_projections_and_model_logits(bf16_weights, kernel_path):
     plain = _tiny_llama(bf16_weights)
     fast = _tiny_llama(bf16_weights)
     assert kernels.accelerate(fast) == 2 * 7 + 1
@@ -113,9 +178,10 @@ def test_grouped_projections_and_model_logits(bf16_weights):
     assert attention.q_proj.group is not None and attention.q_proj.group is attention.v_proj.group
     assert fast.model.layers[0].mlp.gate_proj.group is not None
     assert "on (15 linear layers" in kernels.status(fast)
-    bf16_count = sum(m.packed.dtype == torch.bfloat16 for m in fast.modules()
-                     if isinstance(m, kernels.SmallRowsLinear))
-    assert bf16_count == (15 if bf16_weights else 0)
+    dtypes = [m.packed.dtype for m in fast.modules() if isinstance(m, kernels.SmallRowsLinear)]
+    tiled = bf16_weights and kernel_path == "amx"  # every shape here is a multiple of 16 x 32
+    assert dtypes.count(torch.int16) == (15 if tiled else 0)
+    assert dtypes.count(torch.bfloat16) == (15 if bf16_weights and not tiled else 0)
     tokens = torch.randint(0, 96, (1, 12))
     plain_cache, fast_cache = plain.new_cache(1), fast.new_cache(1)
     for model, cache in ((plain, plain_cache), (fast, fast_cache)):

@@ -376,6 +376,13 @@ def test_engine_failure_fails_requests_and_health(pair):
 
 def test_shutdown_finishes_short_requests_and_aborts_long_ones(pair):
     app = create_app(pair, SpecConfig(method="none"), ServerConfig(max_batch=4, shutdown_s=0.3))
+    engine, step = app.state.scheduler.engine, app.state.scheduler.engine.step
+
+    def paced_step():  # 5 ms a round on any machine: 20 tokens fit the 0.3 s drain, 480 never do
+        time.sleep(0.005)
+        return step()
+
+    engine.step = paced_step
     with serving(app) as live:
         client = live.client()
         results, started = {}, {"short": threading.Event(), "long": threading.Event()}

@@ -103,14 +103,21 @@ INLINE void weight_block(const float *x, const void *w, int bf16, float *y, cons
     }
 }
 
-static void run(const float *x, const void *w, int bf16, float *y, const float *bias, long M, long K,
-                long N, int threads) {
+/* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below). 1 when scratch
+ * memory could not be allocated (AMX only). */
+static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
+                   int threads);
+
+static int run(const float *x, const void *w, int wtype, float *y, const float *bias, long M, long K,
+               long N, int threads) {
+    if (wtype == 2) return run_amx(x, (const uint16_t *)w, y, bias, M, K, N, threads);
     long blocks = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long i = 0; i < blocks; i++) {
-        if (bf16) weight_block(x, w, 1, y, bias, M, K, N, 4 * i);
+        if (wtype == 1) weight_block(x, w, 1, y, bias, M, K, N, 4 * i);
         else weight_block(x, w, 0, y, bias, M, K, N, 4 * i);
     }
+    return 0;
 }
 
 void linear_f32(const float *x, const float *w, float *y, const float *bias, long M, long K, long N,
@@ -122,6 +129,157 @@ void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  int threads) {
     run(x, w, 1, y, bias, M, K, N, threads);
 }
+
+/* w tiled by pack_amx; 1 when scratch memory could not be allocated. */
+int linear_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
+               int threads) {
+    return run(x, w, 2, y, bias, M, K, N, threads);
+}
+/* ---- AMX (Intel Advanced Matrix Extensions) path for bf16 weights ----------------------------------
+ *
+ * On CPUs with AMX-BF16 a tile multiply takes 16 rows x 32 bf16 of x against 32 x 16 of weights in
+ * one instruction, so the cost of a pass hardly depends on its rows (1..16): verification of K + 1
+ * positions costs about what decoding one does. Weights must be bf16 (exact for a bf16 checkpoint)
+ * and stored tiled (``pack_amx``): for each block of 16 output features and each chunk of 32 input
+ * features, a 16 x 32 tile whose row kk holds, for n = 0..15, the pair w[n][2kk], w[n][2kk + 1] (the
+ * layout the tile multiply reads). Blocks are contiguous in n, so a (N, K) array in this order can be
+ * cut and joined along N at multiples of 16 like a row-major one.
+ *
+ * x is fp32: each value is split exactly into three bf16 parts, x = hi + mid + lo (truncation keeps
+ * the top 8 significant bits, twice, and the last 8 are exact), and the three products are
+ * accumulated: every product is exact (8 x 8 bits), only the fp32 accumulation rounds, as in an fp32
+ * GEMM. Each output element is accumulated over the chunks in the same order whatever the rows of the
+ * call: a row's result does not depend on which other rows share it.
+ *
+ * Shapes: K % 32 == 0 and N % 16 == 0 (``pack_amx`` checks; other layers keep the AVX2 path). */
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef VERISPEC_NO_AMX  /* a compiler without AMX intrinsics builds with -DVERISPEC_NO_AMX */
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Ask Linux for the AMX tile state (process-wide); 1 when granted. */
+int amx_init(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* w (N, K) bf16 row-major -> out in the tiled order above. */
+void pack_amx(const uint16_t *w, uint16_t *out, long N, long K) {
+    const long chunks = K / 32;
+    for (long nb = 0; nb < N / 16; nb++)
+        for (long c = 0; c < chunks; c++) {
+            uint16_t *tile = out + (nb * chunks + c) * 512;
+            for (long kk = 0; kk < 16; kk++)
+                for (long n = 0; n < 16; n++) {
+                    const uint16_t *src = w + (nb * 16 + n) * K + c * 32 + 2 * kk;
+                    tile[kk * 32 + 2 * n] = src[0];
+                    tile[kk * 32 + 2 * n + 1] = src[1];
+                }
+        }
+}
+
+INLINE uint32_t bits_of(float v) { uint32_t u; memcpy(&u, &v, 4); return u; }
+INLINE float float_of(uint32_t u) { float v; memcpy(&v, &u, 4); return v; }
+
+/* x rows (rows x K fp32) -> parts[p] (rows x K bf16), p = hi, mid, lo. */
+static void split3(const float *x, uint16_t *parts, long rows, long K) {
+    const long size = rows * K;
+    for (long i = 0; i < size; i++) {
+        float rest = x[i];
+        for (int p = 0; p < 3; p++) {
+            uint32_t top = bits_of(rest) & 0xFFFF0000u;
+            parts[p * size + i] = (uint16_t)(top >> 16);
+            rest -= float_of(top);
+        }
+    }
+}
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
+
+/* Up to 4 blocks of 16 outputs (tiles 0-3) for one chunk of <= 16 rows: A parts in tiles 4-6, B in 7. */
+#define AMX_BLOCK(J)                                                                             \
+    if (J < blocks) {                                                                            \
+        _tile_loadd(7, w + ((nb + J) * chunks + c) * 512, 64);                                   \
+        _tile_dpbf16ps(J, 4, 7);                                                                 \
+        _tile_dpbf16ps(J, 5, 7);                                                                 \
+        _tile_dpbf16ps(J, 6, 7);                                                                 \
+    }
+#define AMX_STORE(J) \
+    if (J < blocks) _tile_stored(J, y + m0 * N + (nb + J) * 16, N * 4);
+
+AMX_TARGET static void amx_rows(const uint16_t *parts, long rows, long part_stride, const uint16_t *w, float *y,
+                                long m0, long K, long N, long nb_begin, long nb_end) {
+    tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        config.rows[t] = (uint8_t)rows;
+        config.colsb[t] = 64;
+    }
+    config.rows[7] = 16;
+    config.colsb[7] = 64;
+    _tile_loadconfig(&config);
+    const long chunks = K / 32;
+    for (long nb = nb_begin; nb < nb_end; nb += 4) {
+        const long blocks = nb_end - nb < 4 ? nb_end - nb : 4;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (long c = 0; c < chunks; c++) {
+            _tile_loadd(4, parts + c * 32, K * 2);
+            _tile_loadd(5, parts + part_stride + c * 32, K * 2);
+            _tile_loadd(6, parts + 2 * part_stride + c * 32, K * 2);
+            AMX_BLOCK(0) AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3)
+        }
+        AMX_STORE(0) AMX_STORE(1) AMX_STORE(2) AMX_STORE(3)
+    }
+    _tile_release();
+}
+
+/* y[M, N] = x[M, K] @ w^T (+ bias), w tiled by pack_amx. Returns 1 when scratch memory failed. */
+static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
+                   int threads) {
+    uint16_t *parts = malloc(sizeof(uint16_t) * 3 * M * K);
+    if (!parts) return 1;
+    split3(x, parts, M, K);
+    const long blocks = N / 16;
+    for (long m0 = 0; m0 < M; m0 += 16) {
+        const long rows = M - m0 < 16 ? M - m0 : 16;
+        const uint16_t *chunk = parts + m0 * K;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            const long team = omp_get_num_threads(), me = omp_get_thread_num();
+            const long per = ((blocks + team - 1) / team + 3) / 4 * 4;  /* whole groups of 4 blocks */
+            const long begin = me * per < blocks ? me * per : blocks;
+            const long end = begin + per < blocks ? begin + per : blocks;
+            if (begin < end) amx_rows(chunk, rows, M * K, w, y, m0, K, N, begin, end);
+        }
+    }
+    free(parts);
+    if (bias)
+        for (long m = 0; m < M; m++)
+            for (long n = 0; n < N; n++) y[m * N + n] += bias[n];
+    return 0;
+}
+
+#else
+int amx_init(void) { return 0; }
+void pack_amx(const uint16_t *w, uint16_t *out, long N, long K) { (void)w; (void)out; (void)N; (void)K; }
+static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
+                   int threads) {
+    (void)x; (void)w; (void)y; (void)bias; (void)M; (void)K; (void)N; (void)threads;
+    return 1;
+}
+#endif
+
+
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for each of ``rows`` rows of n values (n % 8 == 0):
  * torch's rms_norm is six small ops on CPU, ~30 us for one 384-value row; this is one call. */
@@ -157,7 +315,7 @@ void rms_norm(const float *x, const float *weight, float *y, long rows, long n, 
  * on which other tokens share the call (like the projections above).
  *
  * Returns 0, or 1 when its scratch memory could not be allocated (nothing written then).
- * Weight flags: bit 0 qkv, 1 o, 2 gate|up, 3 down are bf16 (else fp32). qkv is (q | k | v) rows,
+ * Weight types (see run), 2 bits each in wtypes: bits 0-1 qkv, 2-3 o, 4-5 gate|up, 6-7 down. qkv is (q | k | v) rows,
  * gate|up is (gate | up) rows. cos/sin: (M, D) rotate-half tables already gathered per token. */
 
 static void rotate(float *v, const float *cos, const float *sin, long D) {
@@ -226,7 +384,7 @@ static void exp_in_place(float *v, long n, float shift) {
 int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, long D, long I, float eps,
                    const float *attn_norm, const void *w_qkv, const float *b_qkv, const void *w_o,
                    const float *b_o, const float *mlp_norm, const void *w_gu, const float *b_gu,
-                   const void *w_down, const float *b_down, int bf16_flags, const float *cos,
+                   const void *w_down, const float *b_down, int wtypes, const float *cos,
                    const float *sin, float *keys, float *values, long max_len, const long *lengths, long S,
                    const uint8_t *mask, int threads) {
     const long M = B * T, width = (heads + 2 * kv_heads) * D, group = heads / kv_heads;
@@ -246,7 +404,10 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     }
 
     rms_norm(x, attn_norm, h, M, H, eps);
-    run(h, w_qkv, bf16_flags & 1, qkv, b_qkv, M, H, width, threads);
+    if (run(h, w_qkv, wtypes & 3, qkv, b_qkv, M, H, width, threads)) {
+        status = 1;
+        goto done;
+    }
     for (long m = 0; m < M; m++) {
         long b = m / T, t = m % T, slot = lengths[b] + t;
         float *row = qkv + m * width;
@@ -314,18 +475,27 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
             }
         }
     }
-    run(att, w_o, bf16_flags & 2, o, b_o, M, heads * D, H, threads);
+    if (run(att, w_o, (wtypes >> 2) & 3, o, b_o, M, heads * D, H, threads)) {
+        status = 1;  /* the cache already holds this pass's keys and values: the caller raises */
+        goto done;
+    }
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
     rms_norm(x, mlp_norm, h, M, H, eps);
-    run(h, w_gu, bf16_flags & 4, gu, b_gu, M, H, 2 * I, threads);
+    if (run(h, w_gu, (wtypes >> 4) & 3, gu, b_gu, M, H, 2 * I, threads)) {
+        status = 1;
+        goto done;
+    }
     for (long m = 0; m < M; m++)  /* SiLU(gate) * up, 8 lanes (I % 8 == 0: the down projection's K) */
         for (long i = 0; i < I; i += 8) {
             const __m256 gate = _mm256_loadu_ps(gu + m * 2 * I + i), up = _mm256_loadu_ps(gu + m * 2 * I + I + i);
             const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate)));
             _mm256_storeu_ps(act + m * I + i, _mm256_mul_ps(_mm256_div_ps(gate, sig), up));
         }
-    run(act, w_down, bf16_flags & 8, o, b_down, M, I, H, threads);
+    if (run(act, w_down, (wtypes >> 6) & 3, o, b_down, M, I, H, threads)) {
+        status = 1;
+        goto done;
+    }
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
 done:
