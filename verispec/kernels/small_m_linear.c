@@ -216,29 +216,41 @@ static void split3(const float *x, uint16_t *parts, long rows, long K) {
 #define AMX_STORE(J) \
     if (J < blocks) _tile_stored(J, y + m0 * N + (nb + J) * 16, N * 4);
 
-AMX_TARGET static void amx_rows(const uint16_t *parts, long rows, long part_stride, const uint16_t *w, float *y,
-                                long m0, long K, long N, long nb_begin, long nb_end) {
-    tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
+INLINE void configure(tile_config *config, long rows) {
+    memset(config, 0, sizeof *config);
+    config->palette = 1;
     for (int t = 0; t < 7; t++) {
-        config.rows[t] = (uint8_t)rows;
-        config.colsb[t] = 64;
+        config->rows[t] = (uint8_t)rows;
+        config->colsb[t] = 64;
     }
-    config.rows[7] = 16;
-    config.colsb[7] = 64;
-    _tile_loadconfig(&config);
-    const long chunks = K / 32;
+    config->rows[7] = 16;
+    config->colsb[7] = 64;
+}
+
+/* Output blocks nb_begin .. nb_end - 1 (of 16 features) for all M rows, 4 blocks at a time (tiles
+ * 0-3), each group of 4 blocks against every chunk of <= 16 rows in turn (A parts in tiles 4-6, B in
+ * 7): a group's weights (4 x K x 16 bf16) are read from memory once and stay in L2 for the other row
+ * chunks, so 64 rows do not read the weights 4 times. */
+AMX_TARGET static void amx_blocks(const uint16_t *parts, long M, const uint16_t *w, float *y, long K, long N,
+                                  long nb_begin, long nb_end) {
+    tile_config full, tail;
+    configure(&full, 16);
+    configure(&tail, M % 16);
+    const long chunks = K / 32, part_stride = M * K, whole = M / 16 * 16;
     for (long nb = nb_begin; nb < nb_end; nb += 4) {
         const long blocks = nb_end - nb < 4 ? nb_end - nb : 4;
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (long c = 0; c < chunks; c++) {
-            _tile_loadd(4, parts + c * 32, K * 2);
-            _tile_loadd(5, parts + part_stride + c * 32, K * 2);
-            _tile_loadd(6, parts + 2 * part_stride + c * 32, K * 2);
-            AMX_BLOCK(0) AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3)
+        for (long m0 = 0; m0 < M; m0 += 16) {
+            if (m0 == 0 || m0 == whole) _tile_loadconfig(m0 < whole ? &full : &tail);
+            const uint16_t *rows = parts + m0 * K;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (long c = 0; c < chunks; c++) {
+                _tile_loadd(4, rows + c * 32, K * 2);
+                _tile_loadd(5, rows + part_stride + c * 32, K * 2);
+                _tile_loadd(6, rows + 2 * part_stride + c * 32, K * 2);
+                AMX_BLOCK(0) AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3)
+            }
+            AMX_STORE(0) AMX_STORE(1) AMX_STORE(2) AMX_STORE(3)
         }
-        AMX_STORE(0) AMX_STORE(1) AMX_STORE(2) AMX_STORE(3)
     }
     _tile_release();
 }
@@ -250,17 +262,13 @@ static int run_amx(const float *x, const uint16_t *w, float *y, const float *bia
     if (!parts) return 1;
     split3(x, parts, M, K);
     const long blocks = N / 16;
-    for (long m0 = 0; m0 < M; m0 += 16) {
-        const long rows = M - m0 < 16 ? M - m0 : 16;
-        const uint16_t *chunk = parts + m0 * K;
 #pragma omp parallel num_threads(threads) if (threads > 1)
-        {
-            const long team = omp_get_num_threads(), me = omp_get_thread_num();
-            const long per = ((blocks + team - 1) / team + 3) / 4 * 4;  /* whole groups of 4 blocks */
-            const long begin = me * per < blocks ? me * per : blocks;
-            const long end = begin + per < blocks ? begin + per : blocks;
-            if (begin < end) amx_rows(chunk, rows, M * K, w, y, m0, K, N, begin, end);
-        }
+    {
+        const long team = omp_get_num_threads(), me = omp_get_thread_num();
+        const long per = ((blocks + team - 1) / team + 3) / 4 * 4;  /* whole groups of 4 blocks */
+        const long begin = me * per < blocks ? me * per : blocks;
+        const long end = begin + per < blocks ? begin + per : blocks;
+        if (begin < end) amx_blocks(parts, M, w, y, K, N, begin, end);
     }
     free(parts);
     if (bias)
