@@ -76,11 +76,17 @@ def test_cycling_calibration_times_every_width_in_situ(checkpoints):
     assert costs["read_ms_per_token"] > 0  # each request's first round read its 40-token prompt
     plans, _ = plan_from_profile({"verify_ms": {"1": 1.0, "2": 2.0, "3": 3.0, "4": 4.0}, "calibration": calibration,
                                   "decode_ms": 1.0, "draft_ms": 0.5, "state_ms": 0.1})
-    from verispec.profile import monotone
-    timed = monotone([costs["round_ms"][w] for w in "123"])
+    from verispec.profile import affine_fit
+    fitted = affine_fit({int(w): ms for w, ms in costs["round_ms"].items()},
+                        {int(w): n for w, n in costs["rounds_by_width"].items()})
+    timed = [fitted[1], fitted[2], fitted[3]]
     for gamma in (1, 2, 3):
         assert plans[gamma].cycle_ms == pytest.approx(timed[gamma - 1])
-        assert plans[gamma].ms_per_token == pytest.approx(timed[gamma - 1] / (gamma + 1) + costs["read_ms_per_token"])
+        # Tokens per round: the greedy replay (draft == target: every draft accepted, but the last
+        # rounds of each request are cut short by max_tokens, so a little under gamma + 1).
+        tokens = calibration["tokens_per_round"][str(gamma)]
+        assert gamma < tokens < gamma + 1 and plans[gamma].expected_tokens == tokens
+        assert plans[gamma].ms_per_token == pytest.approx(timed[gamma - 1] / tokens + costs["read_ms_per_token"])
         assert plans[gamma].speedup == pytest.approx(costs["decode_ms"] / plans[gamma].ms_per_token)
 
 
@@ -97,6 +103,53 @@ def test_seed_policy_starts_the_adaptive_policy_at_the_planned_best():
     assert policy.round_seconds[(1, 0)] == pytest.approx(plans[0].cycle_ms / 1e3)
     with pytest.raises(ValueError, match="calibrate"):
         seed_policy(AdaptiveGamma(), {k: v for k, v in data.items() if k != "calibration"})
+
+
+def test_greedy_chain_replay_by_hand():
+    from verispec.profile import simulate_greedy_chain
+
+    # 7 generated tokens (token 0 from the prefill); matches for tokens 1..6.
+    matches = [[True, True, False, True, True, True]]
+    assert simulate_greedy_chain(matches, 2) == 3.0  # rounds commit 1-3 (2 accepted + 1), 4-6
+    assert simulate_greedy_chain(matches, 1) == 1.5  # 1-2, 3 (rejected), 4-5, 6 (no room to draft)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 6])
+def test_greedy_chain_replay_equals_the_engine(checkpoints, gamma):
+    """The replay from one plain run and one teacher-forced draft pass commits per round exactly what
+    greedy chain speculation does (the reference: the engine itself)."""
+    from verispec.config import SpecConfig, StopRules
+    from verispec.profile import greedy_matches, simulate_greedy_chain
+
+    target, draft = load_checkpoint(checkpoints["llama"]), load_checkpoint(checkpoints["draft"])
+    prompts = [[1, 2, 3, 4, 5], [7, 3, 9], [2] * 12]
+    stop = StopRules(max_tokens=40, ignore_eos=True)
+    greedy = SamplingParams(temperature=0)
+    matches, committed, rounds = [], 0, 0
+    for prompt in prompts:
+        plain = SpecEngine(target).generate(prompt, greedy, SpecConfig(method="none"), stop)
+        matches.append(greedy_matches(draft, prompt, plain.tokens))
+        spec = SpecEngine(target, DraftModelDrafter(draft)).generate(prompt, greedy, SpecConfig(gamma=gamma), stop)
+        assert spec.tokens == plain.tokens
+        committed += sum(r.committed for r in spec.stats.rounds)
+        rounds += len(spec.stats.rounds)
+    assert 0 < sum(map(sum, matches)) < sum(map(len, matches))  # some drafts accepted, some not
+    assert simulate_greedy_chain(matches, gamma) == pytest.approx(committed / rounds)
+
+
+def test_affine_fit_is_weighted_least_squares():
+    from verispec.profile import affine_fit
+
+    # y = 2 + 3x exactly: the line itself; a noisy point with little weight barely moves it.
+    assert affine_fit({1: 5.0, 2: 8.0, 3: 11.0}, {1: 1, 2: 1, 3: 1}) == pytest.approx({1: 5.0, 2: 8.0, 3: 11.0})
+    fit = affine_fit({1: 5.0, 2: 8.0, 3: 11.0, 4: 30.0}, {1: 100, 2: 100, 3: 100, 4: 1})
+    assert fit[1] == pytest.approx(5.0, abs=0.2) and fit[4] < 16
+    # Weighted normal equations by hand: points (1, 1), (2, 3), (3, 2) with weights 1, 2, 1.
+    # mean x = 2, mean y = 9/4, slope = (1*(-1)(-5/4) + 0 + 1*(1)(-1/4)) / 2 = 1/2.
+    assert affine_fit({1: 1.0, 2: 3.0, 3: 2.0}, {1: 1, 2: 2, 3: 1}) == pytest.approx({1: 1.75, 2: 2.25, 3: 2.75})
+    # A falling line or too few points: non-decreasing values instead.
+    assert affine_fit({1: 3.0, 2: 2.0, 3: 1.0}, {1: 1, 2: 1, 3: 1}) == pytest.approx({1: 2.0, 2: 2.0, 3: 2.0})
+    assert affine_fit({1: 3.0, 2: 2.0}, {1: 1, 2: 1}) == pytest.approx({1: 2.5, 2: 2.5})
 
 
 def test_monotone_pools_decreasing_runs():

@@ -42,13 +42,19 @@ def expected_tokens(gamma: int, alpha: float | None = None, acceptance: Sequence
 
 def plan(gamma: int, draft_ms: float, verify_ms: float | VerifyCost, state_ms: float, baseline_ms: float,
          alpha: float | None = None, acceptance: Sequence[float] | None = None,
-         measured_cycle_ms: Mapping[int, float] | None = None, read_ms_per_token: float = 0.0) -> Plan:
+         measured_cycle_ms: Mapping[int, float] | None = None, read_ms_per_token: float = 0.0,
+         measured_tokens: Mapping[int, float] | None = None) -> Plan:
     """Predicted cost of chain speculation with ``gamma`` drafts; gamma 0 is plain decoding.
 
     ``measured_cycle_ms``: rounds timed in situ per gamma; where one is given it is the cycle (the sum
     of the three costs is the model for gammas not timed). ``read_ms_per_token``: per-token cost outside
-    rounds when speculating (the draft reading each prompt, amortised over the tokens decoded)."""
-    tokens = expected_tokens(gamma, alpha, acceptance)
+    rounds when speculating (the draft reading each prompt, amortised over the tokens decoded).
+    ``measured_tokens``: committed tokens per round per gamma from a replay; where given, it replaces
+    E[N] from the acceptance rates."""
+    if gamma and measured_tokens and gamma in measured_tokens:
+        tokens = float(measured_tokens[gamma])
+    else:
+        tokens = expected_tokens(gamma, alpha, acceptance)
     if gamma and measured_cycle_ms and gamma in measured_cycle_ms:
         cycle = float(measured_cycle_ms[gamma])
     else:

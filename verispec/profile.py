@@ -128,7 +128,8 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
     width's round is timed in situ; otherwise every round drafts ``gamma``."""
     reached = [0] * (gamma + 1)
     accepted = [0] * (gamma + 1)
-    rounds, spec, plain = [], [], []
+    rounds, spec, plain, matches = [], [], [], []
+    draft_model = getattr(engine.drafter, "model", None)
     stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
     policy = engine.gamma_policy
     engine.gamma_policy = CycleGamma(gamma) if cycle else FixedGamma(gamma)
@@ -142,15 +143,51 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
                     reached[position] += 1
                     accepted[position] += position <= record.accepted
             if plain_engine is not None:
-                plain.append(plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"),
-                                                   stop).stats)
+                result = plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"), stop)
+                plain.append(result.stats)
+                if draft_model is not None:
+                    matches.append(greedy_matches(draft_model, prompt, result.tokens))
     finally:
         engine.gamma_policy = policy
     out = {"prompts": len(prompts), "gamma": gamma, "cycle": cycle,
            "acceptance": [accepted[i] / reached[i] if reached[i] else 0.0 for i in range(1, gamma + 1)]}
+    if matches:
+        out["tokens_per_round"] = {str(g): simulate_greedy_chain(matches, g) for g in range(1, gamma + 1)}
     if plain and any(r.drafted == gamma for r in rounds):
         out["in_situ"] = in_situ_costs(rounds, gamma, spec, plain)
     return out
+
+
+def greedy_matches(draft: LlamaForCausalLM, prompt: list[int], generated: list[int]) -> list[bool]:
+    """For each generated token after the first, whether the draft's greedy choice given everything
+    before it (teacher-forced: one pass over prompt + generated) is that token."""
+    tokens = list(prompt) + list(generated)
+    cache = draft.new_cache(1, len(tokens))
+    with torch.inference_mode():
+        logits = draft.forward(torch.tensor([tokens]), cache)[0]
+    predicted = logits[len(prompt):len(tokens) - 1].argmax(-1).tolist()  # position j predicts token j + 1
+    return [p == t for p, t in zip(predicted, generated[1:])]
+
+
+def simulate_greedy_chain(matches: list[list[bool]], gamma: int) -> float:
+    """Committed tokens per round of greedy chain speculation with ``gamma`` drafts, replayed exactly
+    from each request's ``greedy_matches`` (greedy speculation commits plain decoding's tokens, and a
+    draft is accepted iff the draft's greedy choice matches): rounds start after the prefill's token,
+    accept the run of matches up to gamma (and up to one short of the tokens left), commit one more.
+    Pooled over requests as the engine's stats pool rounds. Unlike the product of per-position rates,
+    this keeps where rounds start: after a rejection, in the stretch the draft found hard."""
+    committed = rounds = 0
+    for request in matches:
+        total, start = len(request) + 1, 1  # generated tokens; token 0 came from the prefill
+        while start < total:
+            drafts = min(gamma, total - start - 1)
+            run = 0
+            while run < drafts and request[start - 1 + run]:
+                run += 1
+            committed += run + 1
+            rounds += 1
+            start += run + 1
+    return committed / rounds if rounds else 1.0
 
 
 def in_situ_costs(rounds, gamma: int, spec_stats, plain_stats) -> dict:
@@ -214,6 +251,21 @@ def monotone(values: list[float]) -> list[float]:
     return [mean for mean, count in pools for _ in range(count)]
 
 
+def affine_fit(values: dict[int, float], weights: dict[int, float]) -> dict[int, float]:
+    """``values`` (x -> y) replaced by the weighted least-squares line a + b x through them; with fewer
+    than 3 points, or a falling line, the values made non-decreasing instead (a dip is noise)."""
+    xs = sorted(values)
+    total = sum(weights[x] for x in xs)
+    if len(xs) >= 3 and total > 0:
+        mean_x = sum(weights[x] * x for x in xs) / total
+        mean_y = sum(weights[x] * values[x] for x in xs) / total
+        spread = sum(weights[x] * (x - mean_x) ** 2 for x in xs)
+        slope = sum(weights[x] * (x - mean_x) * (values[x] - mean_y) for x in xs) / spread
+        if slope >= 0:
+            return {x: mean_y + slope * (x - mean_x) for x in xs}
+    return dict(zip(xs, monotone([values[x] for x in xs])))
+
+
 def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None, max_gamma: int | None = None):
     """Predicted plans for gamma 0 (plain decoding, speedup 1 by definition) .. max_gamma from a
     profile (and its calibration, if any)."""
@@ -243,13 +295,20 @@ def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None,
         costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=low)
         verify = {n: low + slope * (ms - verify[1]) for n, ms in verify.items()}
     if in_situ and in_situ.get("round_ms"):
-        # A cycling calibration timed every width's whole round in one loop: those rounds are the
-        # cycles (made non-decreasing in width, as a dip is noise), and the draft's reads of each
-        # prompt are a per-token cost of speculating at all. The model above fills untimed widths.
-        widths = sorted(int(w) for w in in_situ["round_ms"])
+        # A cycling calibration timed every width's whole round in one loop. A round costs drafting
+        # (per token) plus verifying (near-linear in positions on these kernels) plus overhead, so the
+        # cycles are the least-squares line through the timed rounds (weighted by rounds per width):
+        # one width's ~20 rounds alone moved its prediction by 10%. The draft's reads of each prompt
+        # are a per-token cost of speculating at all. The model above fills untimed widths.
+        timed = {int(w): ms for w, ms in in_situ["round_ms"].items()}
+        counts = {int(w): n for w, n in in_situ.get("rounds_by_width", {}).items()}
         costs.update(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=in_situ["decode_ms"])
-        costs["measured_cycle_ms"] = dict(zip(widths, monotone([in_situ["round_ms"][str(w)] for w in widths])))
+        costs["measured_cycle_ms"] = affine_fit(timed, {w: counts.get(w, 1) for w in timed})
         costs["read_ms_per_token"] = in_situ.get("read_ms_per_token", 0.0)
+    if calibration.get("tokens_per_round") and acceptance is calibration.get("acceptance"):
+        # Greedy chains replayed on the calibration prompts: committed tokens per round per gamma
+        # (acceptance passed in by the caller replaces them: its figure is then the model's).
+        costs["measured_tokens"] = {int(g): n for g, n in calibration["tokens_per_round"].items()}
     return costmodel.sweep(range(0, top + 1), verify_ms=lambda n: verify[n], acceptance=acceptance, **costs)
 
 
