@@ -50,7 +50,8 @@ def alone(target, drafter, request, spec):
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(method="none"), SpecConfig(gamma=1), SpecConfig(gamma=4),
-                                  SpecConfig(gamma=3, drafter="ngram")], ids=["off", "g1", "g4", "ngram"])
+                                  SpecConfig(gamma=3, drafter="ngram"), SpecConfig(gamma=3, draft_vocab=20)],
+                         ids=["off", "g1", "g4", "ngram", "g3-vocab20"])
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_p=0.9)], ids=["greedy", "sampled"])
 def test_batched_equals_single_sequence(models, spec, sampling):
     """Fixed gamma: each row uses its own generator in the same order as SpecEngine, so even sampled
@@ -60,10 +61,18 @@ def test_batched_equals_single_sequence(models, spec, sampling):
     engine = BatchEngine(target, draft, spec, max_batch=5)
     out, finished = run_batched(engine, queue)
     assert set(finished) == {r.request_id for r in queue}  # nobody lost
-    drafter = NgramDrafter() if spec.drafter == "ngram" else DraftModelDrafter(draft)
+    drafter = NgramDrafter() if spec.drafter == "ngram" else DraftModelDrafter(draft, vocab_limit=spec.draft_vocab)
     for request in queue:
         assert out[request.request_id] == alone(target, drafter, request, spec), request.request_id
         assert finished[request.request_id].stats.generated_tokens == len(out[request.request_id])
+
+
+def test_a_vocabulary_limited_draft_keeps_greedy_outputs(models):
+    target, draft = models
+    queue = requests(6, GREEDY)
+    out, _ = run_batched(BatchEngine(target, draft, SpecConfig(gamma=3, draft_vocab=8), max_batch=4), queue)
+    for request in queue:  # greedy speculation commits exactly plain decoding's tokens
+        assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
 
 
 @pytest.mark.parametrize("policy", [AdaptiveGamma(max_gamma=4, explore_every=5), HFHeuristicGamma()])

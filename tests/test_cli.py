@@ -95,3 +95,18 @@ def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
     assert code == 2 and "beam" in err
     code, _, err = run(capsys, "demo", "--threads", "-1")
     assert code == 2 and "--threads" in err
+
+
+def test_draft_vocab_resolution(byte_pair):
+    from verispec.errors import VerispecError
+    from verispec.loading import EMBEDDED_DRAFT_VOCAB, embedded_pair_available, load_pair, resolve_draft_vocab
+
+    pair = load_pair(*byte_pair)
+    assert resolve_draft_vocab(pair, "auto") is None  # not the embedded pair: its ids may not be by frequency
+    assert resolve_draft_vocab(pair, "all") is None and resolve_draft_vocab(pair, "300") == 300
+    for bad in ("0", "many"):
+        with pytest.raises(VerispecError, match="--draft-vocab"):
+            resolve_draft_vocab(pair, bad)
+    if embedded_pair_available():
+        assert resolve_draft_vocab(load_pair(), "auto") == EMBEDDED_DRAFT_VOCAB
+

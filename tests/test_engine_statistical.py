@@ -50,8 +50,8 @@ def exact_target_distribution(target, sampling: SamplingParams) -> dict[tuple[in
     return table
 
 
-def sample_sequences(target, draft, sampling):
-    engine = SpecEngine(target, DraftModelDrafter(draft))
+def sample_sequences(target, draft, sampling, vocab_limit=None):
+    engine = SpecEngine(target, DraftModelDrafter(draft, vocab_limit=vocab_limit))
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(SAMPLES):
         tokens = tuple(engine.generate(PROMPT, sampling, SpecConfig(gamma=2), StopRules(max_tokens=LENGTH), seed=seed).tokens)
@@ -83,6 +83,17 @@ def test_spec_samples_follow_target(tiny_pair, sampling):
     target, draft = tiny_pair
     expected = exact_target_distribution(target, sampling)
     counts = sample_sequences(target, draft, sampling)
+    p_value, tv, bound = agreement(expected, counts)
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_a_draft_limited_to_part_of_the_vocabulary_stays_lossless(tiny_pair, sampling):
+    """The draft proposes only ids < 2 (q is 0 on the others): tokens 2 and 3 are never drafted, only
+    recovered or bonus, and the samples still follow the target exactly."""
+    target, draft = tiny_pair
+    expected = exact_target_distribution(target, sampling)
+    counts = sample_sequences(target, draft, sampling, vocab_limit=2)
     p_value, tv, bound = agreement(expected, counts)
     assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
 

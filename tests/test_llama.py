@@ -158,3 +158,16 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path, checkpoints):
     (corrupt / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="cannot read"):
         load_checkpoint(corrupt)
+
+
+def test_vocab_limit_scores_the_first_ids_and_masks_the_rest(checkpoints):
+    model = load_checkpoint(checkpoints["llama"])
+    tokens = torch.tensor([[1, 5, 9, 2]])
+    full = model(tokens, model.new_cache(1))
+    limited = model(tokens, model.new_cache(1), vocab_limit=10)
+    torch.testing.assert_close(limited[..., :10], full[..., :10], rtol=1e-5, atol=1e-5)
+    assert torch.isneginf(limited[..., 10:]).all()
+    assert torch.equal(model(tokens, model.new_cache(1), vocab_limit=10_000), full)  # beyond V: all of it
+    assert "_limited_heads" not in dict(model.named_modules()) and len(model.state_dict()) == len(
+        load_checkpoint(checkpoints["llama"]).state_dict())  # the slice is no new parameter
+

@@ -86,6 +86,7 @@ class BatchEngine:
             raise VerispecError("speculation with a draft model needs --draft")
         self.target, self.spec, self.decode = target, spec, decode
         self.draft = draft if spec.enabled and spec.drafter == "model" else None
+        self.head = {"vocab_limit": spec.draft_vocab} if spec.draft_vocab is not None else {}  # draft logits
         self.ngram = NgramDrafter(spec.ngram_max, spec.ngram_min) if spec.enabled and spec.drafter == "ngram" else None
         self.max_len = max_len or target.config.max_context
         self.cache = target.new_cache(max_batch, self.max_len)
@@ -219,9 +220,10 @@ class BatchEngine:
             with torch.inference_mode():
                 config = self.draft.config
                 hidden = self.draft.run_layers(self.draft.embed(fed), view, 0, config.num_hidden_layers)
-                last = self.draft.logits(hidden[torch.arange(len(unseen)), ends.to(hidden.device)]).cpu()  # (B, V)
+                last = self.draft.logits(hidden[torch.arange(len(unseen)), ends.to(hidden.device)],
+                                         **self.head).cpu()  # (B, V)
         else:
-            last = self.draft.forward(fed, view).cpu()[torch.arange(len(unseen)), ends]  # (B, V)
+            last = self.draft.forward(fed, view, **self.head).cpu()[torch.arange(len(unseen)), ends]  # (B, V)
         for row, tokens in enumerate(unseen):
             view.commit(row, len(tokens))
             self.rows[row].draft_seen.extend(tokens)
@@ -229,7 +231,7 @@ class BatchEngine:
         probs: list[list[torch.Tensor]] = [[] for _ in self.rows]
         for step in range(most):
             if step:
-                last = self.draft.forward(torch.tensor([[d[-1]] for d in drafts]), view)[:, -1].cpu()
+                last = self.draft.forward(torch.tensor([[d[-1]] for d in drafts]), view, **self.head)[:, -1].cpu()
                 for row, sequence in enumerate(self.rows):
                     view.commit(row, 1)
                     sequence.draft_seen.append(drafts[row][-1])

@@ -158,7 +158,15 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
                              "from q (SpecInfer), or without replacement (Sequoia); greedy always uses top-k")
+    add_draft_vocab_option(parser)
     parser.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
+
+
+def add_draft_vocab_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-vocab", default="auto", metavar="N|auto|all",
+                        help="the draft model proposes only token ids < N, scoring a slice of its LM head "
+                             "(lossless for any N: a target token outside is just never drafted); auto: "
+                             "2048 for the embedded pair, whose BPE ids are ordered by frequency, else all")
 
 
 def spec_from_args(args):
@@ -199,7 +207,9 @@ def sampling_from_args(args):
 
 def _run_generate(args) -> int:
     from verispec.config import StopRules
-    from verispec.loading import build_engine, encode_prompt, eos_ids, load_pair
+    import dataclasses
+
+    from verispec.loading import build_engine, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
@@ -208,6 +218,8 @@ def _run_generate(args) -> int:
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
                             "(--no-spec, --method ngram and --method self need only --target)")
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend)
+    if needs_draft:
+        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),

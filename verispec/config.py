@@ -109,6 +109,7 @@ class SpecConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     exit_layer: int = 2  # early_exit: layers that draft
+    draft_vocab: int | None = None  # draft model: propose only token ids < N (None: its whole vocabulary)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -122,6 +123,8 @@ class SpecConfig:
             raise SamplingError(f"unknown gamma policy {self.gamma_policy!r}; choose one of {', '.join(GAMMA_POLICIES)}")
         if self.drafter not in DRAFTER_KINDS:
             raise SamplingError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise SamplingError(f"draft_vocab must be >= 1 (or None for the whole vocabulary), got {self.draft_vocab}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SamplingError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.drafter == "early_exit" and self.method == "tree":

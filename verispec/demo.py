@@ -10,6 +10,7 @@ the speculative output is token-for-token identical to plain decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import DATA_DIR, ModelPair, build_engine, embedded_pair_available, load_pair
+from verispec.loading import (DATA_DIR, ModelPair, build_engine, embedded_pair_available, load_pair,
+                              resolve_draft_vocab)
 
 PROMPTS_FILE = DATA_DIR / "heldout_prompts.json"
 FALLBACK_PROMPTS = {
@@ -48,7 +50,9 @@ def run_demo(args) -> int:
         print(note, file=sys.stderr)
     sampling = SamplingParams(temperature=0.0)
     off = SpecConfig(method="none")
-    specs = method_specs(args.methods, args.gamma, args.tree, args.exit_layer)
+    vocab = resolve_draft_vocab(pair, "auto")  # the embedded draft proposes its 2048 most frequent ids
+    specs = {name: dataclasses.replace(spec, draft_vocab=vocab) if spec.drafter == "model" else spec
+             for name, spec in method_specs(args.methods, args.gamma, args.tree, args.exit_layer).items()}
     engines = {"off": build_engine(pair, off), **{name: build_engine(pair, spec) for name, spec in specs.items()}}
     configs = {"off": off, **specs}
     eos = tuple(sorted(set(pair.target.config.eos_ids) | {pair.tokenizer.eos_token_id} - {None}))

@@ -25,7 +25,7 @@ from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
-from verispec.errors import CheckpointError
+from verispec.errors import CheckpointError, VerispecError
 from verispec.models.compressed import MODEL_TYPE as COMPRESSED_TYPE
 from verispec.models.compressed import CompressedForCausalLM
 from verispec.models.compressed import load_checkpoint as load_compressed
@@ -51,6 +51,30 @@ class ModelPair:
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     target_dir: Path
     draft_dir: Path | None
+
+
+# The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
+# order, most frequent first, and 98% of the target's greedy tokens on the held-out prompts have ids
+# below 2048, while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
+# gamma 3, this Xeon: 1.22x -> 1.34x over plain decoding).
+EMBEDDED_DRAFT_VOCAB = 2048
+
+
+def resolve_draft_vocab(pair: "ModelPair", value: str | int | None) -> int | None:
+    """A ``--draft-vocab`` value: "auto" (EMBEDDED_DRAFT_VOCAB for the embedded pair, else the whole
+    vocabulary), "all" (None), or a number of token ids."""
+    if value is None or value == "all":
+        return None
+    if value == "auto":
+        embedded = pair.draft_dir is not None and Path(pair.draft_dir).resolve() == DEFAULT_DRAFT.resolve()
+        return EMBEDDED_DRAFT_VOCAB if embedded else None
+    try:
+        size = int(value)
+    except ValueError:
+        raise VerispecError(f"--draft-vocab must be auto, all or a number of token ids, got {value!r}") from None
+    if size < 1:
+        raise VerispecError(f"--draft-vocab must be >= 1, got {size}")
+    return size
 
 
 def embedded_pair_available() -> bool:
@@ -147,7 +171,7 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
     elif spec.enabled:
         if pair.draft is None:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
-        drafter = DraftModelDrafter(pair.draft)
+        drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab)
     tokenizer = pair.tokenizer
     policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
     return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -170,6 +194,8 @@ def _check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
                               f"{pair.target.name!r} is loaded through transformers")
     if spec.method == "tree" and isinstance(pair.target, HFModel):
         pair.target.check_trees()
+    if spec.drafter == "model" and spec.draft_vocab is not None and not isinstance(pair.draft, LlamaForCausalLM):
+        raise CheckpointError("--draft-vocab needs the native Llama-family draft model; pass --draft-vocab all")
     dynamic_tree = spec.method == "tree" and spec.drafter == "model" and spec.tree_shape.dynamic
     if dynamic_tree and isinstance(pair.draft, HFModel):
         pair.draft.check_trees()  # dynamic trees feed whole levels through the draft with a tree mask

@@ -27,8 +27,9 @@ BACKLOG_TOKENS = 2  # a chain round leaves at most x_K and the bonus or recovere
 
 
 class DraftModelDrafter:
-    def __init__(self, model: LlamaForCausalLM, max_len: int | None = None):
+    def __init__(self, model: LlamaForCausalLM, max_len: int | None = None, vocab_limit: int | None = None):
         self.model = model
+        self.vocab_limit = vocab_limit  # draft only ids < N (``LlamaForCausalLM.logits``); None: all
         self.max_len = max_len or model.config.max_context
         self.cache = model.new_cache(1, self.max_len)
         self.seen: list[int] = []  # tokens whose KV is committed in self.cache
@@ -157,7 +158,8 @@ class DraftModelDrafter:
                 node = pool[node][0]
         depths = torch.tensor([pool[n][3] - 1 for n in frontier])
         logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
-                                    tree_mask=mask, depths=depths, staged=len(staged))[0].cpu()
+                                    tree_mask=mask, depths=depths, staged=len(staged),
+                                    **self._head_args())[0].cpu()
         self.cache.commit(0, len(frontier))
         return list(torch.softmax(logits.float(), -1))
 
@@ -175,8 +177,11 @@ class DraftModelDrafter:
         self.read_tokens = len(unseen) if long else 0
         return logits
 
+    def _head_args(self) -> dict:
+        return {"vocab_limit": self.vocab_limit} if self.vocab_limit is not None else {}
+
     def _feed(self, tokens: list[int]) -> torch.Tensor:
-        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True)[0, -1].cpu()
+        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True, **self._head_args())[0, -1].cpu()
         self.cache.commit(0, len(tokens))
         self.seen.extend(tokens)
         return logits

@@ -227,7 +227,7 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None = None,
                 depths: torch.Tensor | None = None, last_only: bool = False,
-                num_layers: int | None = None, staged: int = 0) -> torch.Tensor:
+                num_layers: int | None = None, staged: int = 0, vocab_limit: int | None = None) -> torch.Tensor:
         """Logits (B, T, V) for T new tokens (B, T) placed after each row's committed slots.
 
         tree_mask: (T, T) or (B, T, T) bool, new token t may see new token j; default causal. With
@@ -236,12 +236,12 @@ class LlamaForCausalLM(nn.Module):
         token sees. depths: (T,) or (B, T) offsets of the new tokens' positions from the row's length
         minus ``staged``; default staged..staged+T-1. last_only: return only the last position's
         logits (prefill). num_layers: run only the first E layers, then the final norm and LM head
-        (early-exit drafting).
+        (early-exit drafting). vocab_limit: logits only for ids < N, the rest -inf (``logits``).
         """
         stop = self.config.num_hidden_layers if num_layers is None else num_layers
         tokens = tokens.to(self.lm_head.weight.device)  # callers build ids on the CPU
         hidden = self.run_layers(self.model.embed_tokens(tokens), cache, 0, stop, tree_mask, depths, staged)
-        return self.logits(hidden[:, -1:] if last_only else hidden)
+        return self.logits(hidden[:, -1:] if last_only else hidden, vocab_limit)
 
     @torch.inference_mode()
     def run_layers(self, x: torch.Tensor, cache: KVCache, start: int, stop: int,
@@ -290,9 +290,31 @@ class LlamaForCausalLM(nn.Module):
         """Token ids (B, T), on any device -> embeddings (B, T, H) on the model's device."""
         return self.model.embed_tokens(tokens.to(self.lm_head.weight.device))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head: (..., H) -> (..., V)."""
-        return self.lm_head(self.model.norm(hidden))
+    def logits(self, hidden: torch.Tensor, vocab_limit: int | None = None) -> torch.Tensor:
+        """Final norm + LM head: (..., H) -> (..., V). With ``vocab_limit`` N < V only ids < N are scored
+        and the rest get -inf: a draft that proposes only its N first tokens (by a BPE tokenizer's
+        merge order, the most frequent ones) for a fraction of the head's cost. Any draft distribution
+        keeps speculative sampling lossless; a target token outside the N is simply never drafted."""
+        normed = self.model.norm(hidden)
+        if vocab_limit is None or vocab_limit >= self.config.vocab_size:
+            return self.lm_head(normed)
+        part = self._limited_head(vocab_limit)(normed)
+        out = part.new_full((*part.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., :vocab_limit] = part
+        return out
+
+    def _limited_head(self, size: int) -> nn.Linear:
+        """The LM head's first ``size`` rows as their own linear layer (a view: no copy of fp32 weights),
+        packed for the few-row kernel like the head itself."""
+        heads = self.__dict__.setdefault("_limited_heads", {})
+        head = heads.get(size)
+        if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr():
+            head = nn.Linear(self.config.hidden_size, size, bias=False)
+            head.weight = nn.Parameter(self.lm_head.weight.detach()[:size], requires_grad=False)
+            if isinstance(self.lm_head, kernels.SmallRowsLinear):
+                kernels.accelerate(head)
+            heads[size] = head
+        return head
 
     def _rotary_tables(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables covering positions 0..needed-1 (grown on demand)."""

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
@@ -34,6 +35,9 @@ def add_parser(commands) -> None:
                        help="choose gamma per round from measured round times and acceptance for the load "
                             "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
                             "batch is large; the draft catches up on what it missed only where that pays")
+    from verispec.cli import add_draft_vocab_option
+
+    add_draft_vocab_option(serve)
     serve.add_argument("--profile", metavar="JSON",
                        help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
                             "(verispec profile --calibrate N --out FILE) instead of climbing from 0; the "
@@ -80,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from verispec.server.app import GracefulServer, create_app
     except ImportError as err:
         raise VerispecError(f"serving needs the 'server' extra ({err}); pip install 'verispec[server]'") from None
-    from verispec.loading import load_pair
+    from verispec.loading import load_pair, resolve_draft_vocab
 
     needs_draft = spec.enabled and spec.drafter == "model"
     if args.target is None and args.draft is not None:
@@ -89,6 +93,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise VerispecError("--method chain needs --draft DIR next to --target (or use --method ngram / none)")
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
                      backend=args.backend)
+    if needs_draft:
+        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     profile = None
     if args.profile:
         from verispec import profile as profiler
