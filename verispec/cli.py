@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--calibrate-gamma", type=int, default=8,
                       help="most drafts per round while calibrating: rounds draft 1, 2, ..., N in turn, so that "
                            "every gamma's round is timed in the real loop (8)")
+    add_draft_vocab_option(prof)
     prof.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     prof.add_argument("--json", action="store_true", help="print the profile JSON")
     prof.set_defaults(run=_run_profile)
@@ -344,7 +345,7 @@ def _run_profile(args) -> int:
     from tqdm import tqdm
 
     from verispec import profile as profiler
-    from verispec.loading import build_engine, load_pair
+    from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -360,7 +361,8 @@ def _run_profile(args) -> int:
 
         prompts = [pair.tokenizer.encode(p, add_special_tokens=False)
                    for items in demo_prompts(args.calibrate).values() for p in items]
-        engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma))
+        engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma,
+                                               draft_vocab=resolve_draft_vocab(pair, args.draft_vocab)))
         data["calibration"] = profiler.calibrate(engine, prompts, args.calibrate_gamma, 64,
                                                  plain_engine=build_engine(pair, SpecConfig(method="none")))
     profiler.save(data, args.out)

@@ -146,7 +146,8 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
                 result = plain_engine.generate(prompt, SamplingParams(temperature=0), SpecConfig(method="none"), stop)
                 plain.append(result.stats)
                 if draft_model is not None:
-                    matches.append(greedy_matches(draft_model, prompt, result.tokens))
+                    matches.append(greedy_matches(draft_model, prompt, result.tokens,
+                                                  getattr(engine.drafter, "vocab_limit", None)))
     finally:
         engine.gamma_policy = policy
     out = {"prompts": len(prompts), "gamma": gamma, "cycle": cycle,
@@ -158,13 +159,15 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
     return out
 
 
-def greedy_matches(draft: LlamaForCausalLM, prompt: list[int], generated: list[int]) -> list[bool]:
-    """For each generated token after the first, whether the draft's greedy choice given everything
-    before it (teacher-forced: one pass over prompt + generated) is that token."""
+def greedy_matches(draft: LlamaForCausalLM, prompt: list[int], generated: list[int],
+                   vocab_limit: int | None = None) -> list[bool]:
+    """For each generated token after the first, whether the draft's greedy choice (among ids <
+    ``vocab_limit``, if given) given everything before it (teacher-forced: one pass over prompt +
+    generated) is that token."""
     tokens = list(prompt) + list(generated)
     cache = draft.new_cache(1, len(tokens))
     with torch.inference_mode():
-        logits = draft.forward(torch.tensor([tokens]), cache)[0]
+        logits = draft.forward(torch.tensor([tokens]), cache, vocab_limit=vocab_limit)[0]
     predicted = logits[len(prompt):len(tokens) - 1].argmax(-1).tolist()  # position j predicts token j + 1
     return [p == t for p, t in zip(predicted, generated[1:])]
 

@@ -34,7 +34,8 @@ import torch
 from verispec import profile as profiler
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.demo import PROMPTS_FILE
-from verispec.loading import build_engine, load_pair
+from verispec.cli import add_draft_vocab_option
+from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -49,12 +50,12 @@ def split_prompts(tokenizer, per_workload: int, room: int) -> tuple[list[list[in
     return evaluation, calibration
 
 
-def variants(gammas: list[int]) -> dict[str, SpecConfig]:
+def variants(gammas: list[int], draft_vocab: int | None = None) -> dict[str, SpecConfig]:
     top = max(gammas)
     out = {"off": SpecConfig(method="none")}
-    out.update({f"gamma{g}": SpecConfig(method="chain", gamma=g) for g in gammas})
-    out["adaptive"] = SpecConfig(method="chain", gamma=top, gamma_policy="adaptive")
-    out["hf"] = SpecConfig(method="chain", gamma=top, gamma_policy="hf")
+    out.update({f"gamma{g}": SpecConfig(method="chain", gamma=g, draft_vocab=draft_vocab) for g in gammas})
+    out["adaptive"] = SpecConfig(method="chain", gamma=top, gamma_policy="adaptive", draft_vocab=draft_vocab)
+    out["hf"] = SpecConfig(method="chain", gamma=top, gamma_policy="hf", draft_vocab=draft_vocab)
     return out
 
 
@@ -192,6 +193,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cold-policies", action="store_true",
                         help="start the adaptive and HF policies cold instead of letting them first run the "
                              "calibration prompts the planner was calibrated on")
+    add_draft_vocab_option(parser)
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     args = parser.parse_args(argv)
@@ -209,12 +211,14 @@ def main(argv=None) -> int:
     evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, room)
     if not calibration:
         parser.error("no held-out prompts left for calibration; lower --prompts")
-    data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma)),
+    vocab = resolve_draft_vocab(pair, args.draft_vocab)
+    data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma,
+                                                                           draft_vocab=vocab)),
                                              calibration, args.calibrate_gamma, args.max_tokens,
                                              plain_engine=build_engine(pair, SpecConfig(method="none")),
                                              cycle=not args.fixed_calibration)
     acceptance = data["calibration"]["acceptance"]
-    configs = variants(gammas)
+    configs = variants(gammas, vocab)
     with tqdm(total=args.repeats * len(evaluation), desc="planner check", unit="prompt", file=sys.stderr) as bar:
         measured = evaluate(pair, configs, evaluation, args.max_tokens, args.repeats, lambda: bar.update(1),
                             learn=[] if args.cold_policies else calibration)
