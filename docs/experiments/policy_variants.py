@@ -16,7 +16,7 @@ from verispec import profile as profiler
 from verispec.adaptive import AdaptiveGamma
 from verispec.bench.planner_check import split_prompts
 from verispec.config import SamplingParams, SpecConfig, StopRules
-from verispec.loading import build_engine, load_pair
+from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--prompts", type=int, default=4)
@@ -25,10 +25,11 @@ ap.add_argument("--max-tokens", type=int, default=64)
 args = ap.parse_args()
 
 pair = load_pair()
+vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, pair.target.config.max_context - 80)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=args.max_tokens, ignore_eos=True)
 data = profiler.profile(pair.target, pair.draft, max_positions=9, repeats=11, tree_shapes=())
-data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=8)), calibration, 8, args.max_tokens,
+data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=8, draft_vocab=vocab)), calibration, 8, args.max_tokens,
                                          plain_engine=build_engine(pair, SpecConfig(method="none")))
 
 
@@ -45,8 +46,8 @@ def seeded():
 
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded}
-specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g) for g in (2, 3, 4)},
-         **{name: SpecConfig(gamma=8, gamma_policy="adaptive") for name in policies}}
+specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (2, 3, 4)},
+         **{name: SpecConfig(gamma=8, gamma_policy="adaptive", draft_vocab=vocab) for name in policies}}
 engines = {name: build_engine(pair, spec) for name, spec in specs.items()}
 for name, make in policies.items():
     engines[name].gamma_policy = make()
