@@ -13,7 +13,7 @@ from verispec.batch import BatchEngine, BatchRequest
 from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
 from verispec.config import SamplingParams, SpecConfig, StopRules
-from verispec.loading import load_pair
+from verispec.loading import load_pair, resolve_draft_vocab
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=3)
@@ -22,8 +22,10 @@ ap.add_argument("--trace", action="store_true")
 ap.add_argument("--refill", type=int, default=1, help="rounds before a finished request's replacement arrives "
                 "(a client's round trip; 0: at once)")
 ap.add_argument("--hold", default="16", help="AdaptiveGamma hold_rounds; several (16,1) add variants")
+ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
 args = ap.parse_args()
 pair = load_pair()
+vocab = resolve_draft_vocab(pair, "auto")  # as verispec serve does
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
                                           max_output_tokens=48), pair.tokenizer, 1024, 6)
 G = SamplingParams(temperature=0)
@@ -32,8 +34,12 @@ engines = {
 }
 for i, hold in enumerate(int(h) for h in args.hold.split(",")):
     engines["adaptive" if i == 0 else f"hold{hold}"] = BatchEngine(
-        pair.target, pair.draft, SpecConfig(method="chain", gamma=4), max_batch=64, max_len=1024,
+        pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab), max_batch=64, max_len=1024,
         gamma_policy=AdaptiveGamma(max_gamma=4, hold_rounds=hold))
+for budget in (float(b) for b in args.budget.split(",") if b):
+    engines[f"budget{budget:g}"] = BatchEngine(
+        pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab), max_batch=64, max_len=1024,
+        gamma_policy=AdaptiveGamma(max_gamma=4, switch_budget=budget))
 reads = {"s": 0.0}
 adaptive = engines["adaptive"]
 original = adaptive._catch_up_alone
