@@ -8,7 +8,7 @@ with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
-from verispec.adaptive import AdaptiveGamma
+from verispec.adaptive import AdaptiveGamma, FixedGamma
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
@@ -22,6 +22,7 @@ ap.add_argument("--trace", action="store_true")
 ap.add_argument("--refill", type=int, default=1, help="rounds before a finished request's replacement arrives "
                 "(a client's round trip; 0: at once)")
 ap.add_argument("--hold", default="16", help="AdaptiveGamma hold_rounds; several (16,1) add variants")
+ap.add_argument("--gamma0", action="store_true", help="add a variant with the draft attached but held at gamma 0")
 ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
 args = ap.parse_args()
 pair = load_pair()
@@ -40,6 +41,9 @@ for budget in (float(b) for b in args.budget.split(",") if b):
     engines[f"budget{budget:g}"] = BatchEngine(
         pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab), max_batch=64, max_len=1024,
         gamma_policy=AdaptiveGamma(max_gamma=4, switch_budget=budget))
+if args.gamma0:
+    engines["gamma0"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
+                                    max_batch=64, max_len=1024, gamma_policy=FixedGamma(0))
 reads = {"s": 0.0}
 adaptive = engines["adaptive"]
 original = adaptive._catch_up_alone
