@@ -109,4 +109,6 @@ def test_draft_vocab_resolution(byte_pair):
             resolve_draft_vocab(pair, bad)
     if embedded_pair_available():
         assert resolve_draft_vocab(load_pair(), "auto") == EMBEDDED_DRAFT_VOCAB
+        # Through transformers the draft scores every id: auto keeps it whole rather than refuse.
+        assert resolve_draft_vocab(load_pair(backend="hf"), "auto") is None
 

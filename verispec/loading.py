@@ -65,9 +65,9 @@ def resolve_draft_vocab(pair: "ModelPair", value: str | int | None) -> int | Non
     vocabulary), "all" (None), or a number of token ids."""
     if value is None or value == "all":
         return None
-    if value == "auto":
+    if value == "auto":  # the embedded draft, loaded natively (the transformers adapter scores every id)
         embedded = pair.draft_dir is not None and Path(pair.draft_dir).resolve() == DEFAULT_DRAFT.resolve()
-        return EMBEDDED_DRAFT_VOCAB if embedded else None
+        return EMBEDDED_DRAFT_VOCAB if embedded and isinstance(pair.draft, LlamaForCausalLM) else None
     try:
         size = int(value)
     except ValueError:
