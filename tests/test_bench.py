@@ -152,6 +152,15 @@ def test_speedups_pair_repeats_and_prompts():
     assert rows["off"]["speedup_vs"] == {}
 
 
+def test_draft_model_variants_get_the_draft_vocabulary():
+    from verispec.bench.run import with_draft_vocab
+
+    config = BenchConfig(spec=dataclasses.replace(BenchConfig().spec,
+                                                  variants=("off", "chain", "tree:s3_k2_d5", "ngram", "self", "hf")))
+    got = {v.name: v.spec.draft_vocab if v.spec is not None else "peer" for v in with_draft_vocab(config.variants(), 512)}
+    assert got == {"off": None, "chain": 512, "tree:s3_k2_d5": 512, "ngram": None, "self": None, "hf": "peer"}
+
+
 def test_median_interval_uses_binomial_order_statistics():
     # n = 6: only (min, max) reaches 95%, coverage 1 - 2/64; n = 5 cannot (1 - 2/32 < 0.95).
     assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0, pytest.approx(1 - 2 / 64))

@@ -82,6 +82,7 @@ class SpecSettings:
     exit_layer: int = 2
     ngram_max: int = 4
     ngram_min: int = 1
+    draft_vocab: str | int = "auto"  # draft-model variants: ids the draft proposes (verispec generate --draft-vocab)
     hf_assistant_schedule: str = "constant"  # transformers' num_assistant_tokens_schedule
     hf_assistant_confidence_threshold: float = 0.0  # 0: the assistant always drafts D - 1 tokens
 

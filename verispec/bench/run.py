@@ -26,7 +26,7 @@ from verispec.bench.records import DEFINITIONS, RequestRecord, compare, mark_ide
 from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_prompt_set, eos_for
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import DATA_DIR, ModelPair, eos_ids, load_pair, load_tokenizer
+from verispec.loading import DATA_DIR, ModelPair, eos_ids, load_pair, load_tokenizer, resolve_draft_vocab
 
 log = logging.getLogger(__name__)
 SCHEMA = "verispec-bench/1"
@@ -43,6 +43,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
                                                           "versions": package_versions()},
               "definitions": DEFINITIONS, "cache_policy": CACHE_POLICY, "notes": []}
     pair = _load_pair(config, variants) if config.run_offline else None
+    if pair is not None:
+        variants = with_draft_vocab(variants, resolve_draft_vocab(pair, config.spec.draft_vocab))
     tokenizer = _tokenizer(config, pair)
     max_context = pair.target.config.max_context if pair is not None else int(min(tokenizer.model_max_length, 1 << 20))
     extra = max(v.num_drafts for v in variants) + 1
@@ -65,6 +67,13 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     result["process_peak_rss_mb"] = process_peak_rss_mb()
     result["duration_s"] = time.perf_counter() - began
     return result
+
+
+def with_draft_vocab(variants: list[Variant], vocab: int | None) -> list[Variant]:
+    """Draft-model variants with the draft vocabulary ``vocab`` (resolved as verispec generate / serve
+    resolve --draft-vocab); the others unchanged."""
+    return [dataclasses.replace(v, spec=dataclasses.replace(v.spec, draft_vocab=vocab))
+            if v.spec is not None and v.spec.enabled and v.spec.drafter == "model" else v for v in variants]
 
 
 def _offline(config: BenchConfig, variants: list[Variant], pair: ModelPair, tokenizer, prompts, sampling, make_job,
