@@ -178,11 +178,23 @@ def test_weights_edited_in_place_reach_the_fused_path(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not kernels.amx(), reason="the 128-row limit applies with AMX tiles only")
+def test_with_amx_passes_up_to_128_rows_are_fused_and_match_torch(monkeypatch):
+    model = _model("gqa")
+    tokens = torch.randint(0, 96, (1, 100), generator=torch.Generator().manual_seed(5))
+    outputs = []
+    for on in (False, True):
+        with Fused(on, monkeypatch) as fused:
+            outputs.append(model.forward(tokens, model.new_cache(1, 128)))
+        assert (fused.calls > 0) == on
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-4, atol=1e-4)
+
+
 def test_passes_beyond_the_row_limit_and_disabled_use_torch(monkeypatch):
     model = _model("gqa")
-    tokens = torch.randint(0, 96, (1, kernels.MAX_FUSED + 1))
+    tokens = torch.randint(0, 96, (1, kernels.max_fused() + 1))
     with Fused(True, monkeypatch) as fused:
-        model.forward(tokens, model.new_cache(1))
+        model.forward(tokens, model.new_cache(1, kernels.max_fused() + 8))
     assert fused.calls == 0
     with Fused(False, monkeypatch) as fused:
         model.forward(tokens[:, :4], model.new_cache(1))

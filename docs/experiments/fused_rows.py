@@ -1,8 +1,9 @@
 """Fused decoder layers vs the per-op path by pass shape (batch rows B x new tokens T) and context, the
 embedded target, interleaved, medians of 7 passes (README: the 32-row limit, kernels.MAX_FUSED).
 
-    OMP_NUM_THREADS=1 python docs/experiments/fused_rows.py
+    OMP_NUM_THREADS=1 python docs/experiments/fused_rows.py [--max-fused 128 --shapes 16x4,16x5,32x4,64x2]
 """
+import argparse
 import statistics
 import time
 
@@ -12,10 +13,15 @@ torch.set_num_threads(1)
 from verispec import kernels
 from verispec.loading import load_pair
 
-kernels.MAX_FUSED = 64  # let every shape below take the fused path when FUSED_LAYERS is on
+ap = argparse.ArgumentParser()
+ap.add_argument("--max-fused", type=int, default=64, help="kernels.MAX_FUSED for this run")
+ap.add_argument("--shapes", default="1x1,1x4,1x8,1x16,1x32,8x4,16x4,32x2,64x1,1x64", help="BxT pass shapes")
+args = ap.parse_args()
+kernels.MAX_FUSED = kernels.MAX_FUSED_AMX = args.max_fused  # let every shape below take the fused path when FUSED_LAYERS is on
 target = load_pair(need_draft=False).target
+shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
 for context in (150, 600):
-    for batch, new in ((1, 1), (1, 4), (1, 8), (1, 16), (1, 32), (8, 4), (16, 4), (32, 2), (64, 1), (1, 64)):
+    for batch, new in shapes:
         cache = target.new_cache(batch, 1024)
         for row in range(batch):
             view = cache.row_view(row)

@@ -27,7 +27,7 @@ measured on the embedded target, verify(8) / decode(1) 1.20 with AMX and 2.43 wi
 the same CPU (``verispec profile``). Row results stay independent of the other rows. VERISPEC_AMX=0
 keeps the AVX2 loop; ``status()`` says which path the weights took.
 
-Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to MAX_FUSED
+Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to ``max_fused()``
 rows in one call (the native model's ``run_layers`` uses it where ``fused_applies`` and
 ``LayerWeights.for_layer`` allow), since at these sizes torch's per-op dispatch costs more than the
 arithmetic. Row results are again independent of the other rows in the pass.
@@ -57,6 +57,9 @@ MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments
 # experiments may flip it.
 FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
 MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one tied (docs/experiments/fused_rows.py)
+# With AMX tiles the fused pass won every shape up to 128 rows (0.52-0.89 of the per-op time at 150- and
+# 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
+MAX_FUSED_AMX = 128
 
 _reason = "not built yet"
 _amx_reason = "not built yet"
@@ -141,6 +144,11 @@ def library() -> ctypes.CDLL | None:
     else:
         _amx_reason = ""
     return lib
+
+
+def max_fused() -> int:
+    """Rows a fused decoder-layer pass may take: MAX_FUSED_AMX where AMX multiplies, else MAX_FUSED."""
+    return MAX_FUSED_AMX if amx() else MAX_FUSED
 
 
 def amx() -> bool:
@@ -365,7 +373,7 @@ def fused_applies(x: torch.Tensor, cache) -> bool:
     """Whether ``decoder_layer`` can run a pass over x (B, T, H) with this cache: few fp32 CPU rows
     without autograd, a KV cache of fp32 rows laid out (B, Hkv, S, D) per layer, and the library."""
     keys = getattr(cache, "keys", None)
-    if keys is None or not _few_rows(x, x.shape[-1], limit=MAX_FUSED) or x.shape[-1] % 8 or library() is None:
+    if keys is None or not _few_rows(x, x.shape[-1], limit=max_fused()) or x.shape[-1] % 8 or library() is None:
         return False
     layer_keys, layer_values = keys[0], cache.values[0]
     return (keys.dtype == torch.float32 and not keys.is_cuda and layer_keys.stride() == layer_values.stride()
@@ -403,6 +411,6 @@ def status(model: nn.Module | None = None) -> str:
         return "available, not applied to this model"
     bf16 = sum(m.packed.dtype in (torch.bfloat16, torch.int16) for m in layers)
     tiled = sum(m.packed.dtype == torch.int16 for m in layers)
-    fused = f"whole decoder layers <= {MAX_FUSED} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
+    fused = f"whole decoder layers <= {max_fused()} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
     tiles = f"{tiled} on AMX tiles" if tiled else f"AMX off: {_amx_reason}" if _amx_reason else "none on AMX tiles"
     return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}), <= {MAX_ROWS} rows; {fused})"
