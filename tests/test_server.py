@@ -326,7 +326,8 @@ def test_client_disconnect_aborts_the_sequence(live, client):
 
 
 def test_overload_gets_429_with_retry_after_then_recovers(pair):
-    with serving(create_app(pair, SpecConfig(method="none"), ServerConfig(max_batch=1, max_queue=1))) as live:
+    # Paced (0.2 s a request): 8 at once must overflow one row and one queue slot on any machine.
+    with serving(paced(create_app(pair, SpecConfig(method="none"), ServerConfig(max_batch=1, max_queue=1)))) as live:
         client = live.client()
 
         def call(i):
@@ -346,7 +347,7 @@ def test_overload_gets_429_with_retry_after_then_recovers(pair):
 
 
 def test_timeout_aborts_with_504(pair):
-    with serving(create_app(pair, SpecConfig(gamma=2), ServerConfig(max_batch=2, timeout_s=0.3))) as live:
+    with serving(paced(create_app(pair, SpecConfig(gamma=2), ServerConfig(max_batch=2, timeout_s=0.3)))) as live:
         status, _, text = http(f"{live.url}/v1/completions", {"model": MODEL, "prompt": "slow", "max_tokens": 480,
                                                               "temperature": 0, "ignore_eos": True})
         assert status == 504 and json.loads(text)["error"]["code"] == "timeout"
@@ -374,15 +375,23 @@ def test_engine_failure_fails_requests_and_health(pair):
         assert live.metric("verispec:request_failure_total", reason="engine_error") == 1
 
 
-def test_shutdown_finishes_short_requests_and_aborts_long_ones(pair):
-    app = create_app(pair, SpecConfig(method="none"), ServerConfig(max_batch=4, shutdown_s=0.3))
-    engine, step = app.state.scheduler.engine, app.state.scheduler.engine.step
+def paced(app, seconds: float = 0.005):
+    """Every engine round takes at least ``seconds``, whatever the machine: tests of time limits must
+    not pass or fail with its speed (480 tokens of the tiny test model take < 0.3 s on a fast CPU)."""
+    engine = app.state.scheduler.engine
+    step = engine.step
 
-    def paced_step():  # 5 ms a round on any machine: 20 tokens fit the 0.3 s drain, 480 never do
-        time.sleep(0.005)
+    def paced_step():
+        time.sleep(seconds)
         return step()
 
     engine.step = paced_step
+    return app
+
+
+def test_shutdown_finishes_short_requests_and_aborts_long_ones(pair):
+    # 5 ms a round: 20 tokens fit the 0.3 s drain, 480 never do.
+    app = paced(create_app(pair, SpecConfig(method="none"), ServerConfig(max_batch=4, shutdown_s=0.3)))
     with serving(app) as live:
         client = live.client()
         results, started = {}, {"short": threading.Event(), "long": threading.Event()}
