@@ -377,7 +377,7 @@ def test_a_bucket_on_gamma_zero_re_measures_only_as_often_as_its_reads_are_affor
     rounds (~830) behind it, where with the draft caught up re-measures come after 50, 100, 200, ...
     rounds."""
     def run(backlog_tokens):
-        policy = AdaptiveGamma(max_gamma=8, explore_every=50, min_samples=1)
+        policy = AdaptiveGamma(max_gamma=8, explore_every=50, min_samples=1, switch_budget=0.02)
         policy.reads(1000, 0.05)  # the draft's measured price: 50 us per token
         chosen = []
         for _ in range(2000):

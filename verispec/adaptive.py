@@ -39,10 +39,13 @@ generate), priced at the measured seconds per read token (engines report reads t
   remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a
   speculating bucket late, with long contexts and few tokens left, stay plain);
 - a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
-  its reads may take at most ``switch_budget`` (2%) of the time the bucket has spent at gamma 0 since
-  it last speculated, so a bucket of 64 rows re-measures gamma 1 about every 30 s of full load, not
-  every 50 rounds, which made the reads ~10% of the time at batch 16. A re-measure between two
-  speculating gammas is no switch: the draft reads only the last round's tokens.
+  its reads may take at most ``switch_budget`` (0.5%) of the time the bucket has spent at gamma 0
+  since it last speculated, so a bucket of 64 rows re-measures gamma 1 about every two minutes of
+  full load, not every 50 rounds, which made the reads ~10% of the time at batch 16. At 2% the
+  re-measures (their reads and their losing rounds) still cost 2-6% at concurrency 8-16 on the AMX
+  Xeon (closed_loop.py --refill 4: 0.94x / 0.98x at 8 / 16 with 2%, 0.99x / 1.00x with 0.5%). A
+  re-measure between two speculating gammas is no switch: the draft reads only the last round's
+  tokens.
 
 A choice is made for the load, not for one round's batch: the largest batch of the last
 ``hold_rounds`` (16) rounds. Behind a server the batch dips whenever requests finish together (a
@@ -121,7 +124,7 @@ class AcceptanceCounts:
 class AdaptiveGamma:
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
                  explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
-                 prior_rounds: float = 8.0, switch_budget: float = 0.02, hold_rounds: int = 16,
+                 prior_rounds: float = 8.0, switch_budget: float = 0.005, hold_rounds: int = 16,
                  climb_tolerance: float = 0.1):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
