@@ -23,8 +23,8 @@ AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the ti
 bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patterns, see
 ``_pack_weight``) and multiplied with tile instructions, x split exactly into three bf16 parts so the
 products are exact and only fp32 accumulation rounds. A pass of 1..16 rows then costs about the same:
-measured on the embedded target, verify(8) / decode(1) 1.20 with AMX and 2.43 with the AVX2 loop on
-the same CPU (``verispec profile``). Row results stay independent of the other rows. VERISPEC_AMX=0
+measured on the embedded target, verify(8) / decode(1) 1.23 with AMX and 2.51 with the AVX2 loop on
+the same CPU (``verispec profile``: docs/profile-xeon-amx.json, docs/profile-xeon-avx2.json). Row results stay independent of the other rows. VERISPEC_AMX=0
 keeps the AVX2 loop; ``status()`` says which path the weights took.
 
 Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to ``max_fused()``
