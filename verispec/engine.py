@@ -139,12 +139,12 @@ class Generation:
         else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         record.draft_s = time.perf_counter() - began
-        if num_drafts > 0:
-            record.draft_read_s = getattr(drafter, "prompt_s", 0.0) + getattr(drafter, "backlog_s", 0.0)
         record.tree_nodes = proposal.num_drafts
         # Positions a round could accept: K for a chain, the depth for a tree.
         tree = proposal.tree
         record.drafted = int(tree.compile().depths.max()) if tree is not None else proposal.num_drafts
+        if record.drafted:  # the drafter read this round (its figures are the last read's)
+            record.draft_read_s = getattr(drafter, "prompt_s", 0.0) + getattr(drafter, "backlog_s", 0.0)
         return proposal
 
     def _gamma(self) -> int:
@@ -236,10 +236,9 @@ class Generation:
             # both price the draft's reads.
             policy, drafter = self.engine.gamma_policy, self.engine.drafter
             prompt_s = getattr(drafter, "prompt_s", 0.0) if record.drafted else 0.0
-            backlog_s = getattr(drafter, "backlog_s", 0.0) if record.drafted else 0.0
             read_tokens = getattr(drafter, "read_tokens", 0) if record.drafted else 0
-            report_draft_reads(policy, 1, prompt_s, read_tokens, prompt_s + backlog_s)
-            policy.observe(1, record.drafted, record.total_s - prompt_s - backlog_s, [record.accepted],
+            report_draft_reads(policy, 1, prompt_s, read_tokens, record.draft_read_s)
+            policy.observe(1, record.drafted, record.total_s - record.draft_read_s, [record.accepted],
                            [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
