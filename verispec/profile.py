@@ -129,7 +129,9 @@ def calibrate(engine, prompts: list[list[int]], gamma: int, max_tokens: int,
     reached = [0] * (gamma + 1)
     accepted = [0] * (gamma + 1)
     rounds, spec, plain, matches = [], [], [], []
-    draft_model = getattr(engine.drafter, "model", None)
+    draft_model = getattr(engine.drafter, "model", None)  # replayed below when it is a native model
+    if not isinstance(draft_model, LlamaForCausalLM):
+        draft_model = None
     stop = StopRules(max_tokens=max_tokens, ignore_eos=True)
     policy = engine.gamma_policy
     engine.gamma_policy = CycleGamma(gamma) if cycle else FixedGamma(gamma)
@@ -201,10 +203,13 @@ def in_situ_costs(rounds, gamma: int, spec_stats, plain_stats) -> dict:
     - ``read_ms_per_token``: those reads, per decoded token of the speculative runs (a cost per request);
     - at width ``gamma``: draft per drafted token, verify of gamma + 1 positions, state + overhead;
     - ``decode_ms``: plain decoding per token."""
-    top = [r for r in rounds if r.drafted == gamma]
-    widths = sorted({r.drafted for r in rounds if r.drafted > 0})
-    round_ms = {w: 1e3 * statistics.fmean(r.total_s - r.draft_read_s for r in rounds if r.drafted == w)
-                for w in widths}
+    by_width: dict[int, list] = {}
+    for r in rounds:
+        if r.drafted > 0:
+            by_width.setdefault(r.drafted, []).append(r)
+    top = by_width[gamma]
+    widths = sorted(by_width)
+    round_ms = {w: 1e3 * statistics.fmean(r.total_s - r.draft_read_s for r in by_width[w]) for w in widths}
     decode_s = sum(s.e2e_s - s.ttft_s for s in plain_stats)
     decode_tokens = sum(s.generated_tokens - 1 for s in plain_stats)
     return {"rounds": len(top),
@@ -213,7 +218,7 @@ def in_situ_costs(rounds, gamma: int, spec_stats, plain_stats) -> dict:
             "state_ms": 1e3 * sum(r.state_s + r.other_s for r in top) / len(top),
             "decode_ms": 1e3 * decode_s / max(decode_tokens, 1),
             "round_ms": {str(w): ms for w, ms in round_ms.items()},
-            "rounds_by_width": {str(w): sum(r.drafted == w for r in rounds) for w in widths},
+            "rounds_by_width": {str(w): len(by_width[w]) for w in widths},
             "read_ms_per_token": 1e3 * sum(r.draft_read_s for r in rounds)
             / max(sum(s.generated_tokens - 1 for s in spec_stats), 1)}
 
