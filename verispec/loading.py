@@ -55,7 +55,7 @@ class ModelPair:
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
 # order, most frequent first, and 98% of the target's greedy tokens on the held-out prompts have ids
-# below 2048, while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
+# below 2048 (docs/experiments/draft_vocab_coverage.py), while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
 # gamma 3, this Xeon: 1.22x -> 1.34x over plain decoding).
 EMBEDDED_DRAFT_VOCAB = 2048
 
