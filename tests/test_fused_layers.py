@@ -148,6 +148,38 @@ def test_a_token_gets_the_same_bits_alone_or_verified_with_others(monkeypatch, k
             assert torch.equal(alone[0, 0], together[0, step - 8])
 
 
+
+def test_a_tree_node_gets_the_same_bits_as_its_path_decoded_alone(monkeypatch, kernel_path):
+    """With a tree mask a node sees only the prefix and its ancestors: its logits are bit-identical to
+    decoding its root-to-node path one token at a time, whatever its siblings (the kernel's softmax
+    runs over each query's own visible slots, compacted, not over the slots the whole pass sees)."""
+    model = _model("gqa")
+    tokens = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(5))
+    nodes = torch.tensor([[11, 12, 13, 14, 15]])  # parents: -, 0, 0, 2, 3
+    parents = [-1, 0, 0, 2, 3]
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    depths = torch.zeros(5, dtype=torch.long)
+    for node, parent in enumerate(parents):
+        mask[node, node] = True
+        if parent >= 0:
+            mask[node] |= mask[parent]
+            depths[node] = depths[parent] + 1
+    with Fused(True, monkeypatch) as fused:
+        cache = model.new_cache(1)
+        model.forward(tokens, cache)
+        cache.commit(0, 8)
+        tree = model.forward(nodes, cache, tree_mask=mask, depths=depths)
+        for node in (1, 4):
+            path = [n for n in range(5) if mask[node, n]]
+            alone_cache = model.new_cache(1)
+            model.forward(tokens, alone_cache)
+            alone_cache.commit(0, 8)
+            for index in path:
+                alone = model.forward(nodes[:, index:index + 1], alone_cache)
+                alone_cache.commit(0, 1)
+            assert torch.equal(alone[0, 0], tree[0, node]), node
+    assert fused.calls > 0
+
 def test_threads_do_not_change_results(monkeypatch):
     model = _model("mqa")
     tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))

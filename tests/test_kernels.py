@@ -77,6 +77,28 @@ def test_amx_tiles_match_torch_and_rows_are_independent(rows, shape):
 
 
 @AMX_ONLY
+def test_tiled_layers_take_the_kernel_up_to_max_fused_rows(monkeypatch):
+    """On AMX tiles a linear layer (the LM head, a verification of many rows) uses the kernel up to
+    MAX_FUSED_AMX rows, where torch's fp32 GEMM would cost ~3x; beyond that, torch's path."""
+    layer = nn.Linear(384, 640, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(_weights(640, 384, True))
+    kernels.accelerate(layer)
+    assert isinstance(layer, kernels.SmallRowsLinear) and layer.packed.dtype == torch.int16
+    calls = []
+    real = kernels.linear
+    monkeypatch.setattr(kernels, "linear", lambda *args: calls.append(args[0].shape) or real(*args))
+    reference = layer.weight.double()
+    with torch.inference_mode():
+        for rows, kernel in ((kernels.MAX_ROWS + 1, True), (kernels.MAX_FUSED_AMX, True),
+                             (kernels.MAX_FUSED_AMX + 1, False)):
+            calls.clear()
+            x = torch.randn(rows, 384)
+            torch.testing.assert_close(layer(x), (x.double() @ reference.T).float(), rtol=1e-5, atol=1e-4)
+            assert bool(calls) == kernel, rows
+
+
+@AMX_ONLY
 def test_amx_needs_whole_tiles_and_keeps_threads_out_of_results():
     assert kernels._pack_weight(_weights(24, 64, True)).dtype == torch.bfloat16  # N % 16: row-major
     assert kernels._pack_weight(_weights(32, 48, True)).dtype == torch.bfloat16  # K % 32: row-major

@@ -52,6 +52,8 @@ from torch import nn
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
 MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
+# On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
+# (8192 x 384) costs 0.51 vs 1.47 ms at 32 rows and 1.7 vs 4.1 ms at 128 (docs/experiments/amx_linear.py).
 # Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
@@ -173,6 +175,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def rows_for(packed: torch.Tensor) -> int:
+    """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
+    tiles (int16-held bf16), MAX_ROWS for the AVX2 loop."""
+    return MAX_FUSED_AMX if packed.dtype == torch.int16 else MAX_ROWS
+
+
 def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor, limit: int | None = None) -> bool:
     """The kernel's domain: at most MAX_ROWS (or ``limit``) rows of ``width`` fp32 values on the CPU,
     no autograd."""
@@ -219,7 +227,7 @@ class SmallRowsLinear(nn.Linear):
     group: "Group | None" = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _few_rows(x, self.in_features, self.weight):
+        if _few_rows(x, self.in_features, self.weight, limit=rows_for(self.packed)):
             if self.weight._version != self.packed_version:  # weights edited in place since packing
                 self._pack()
             return linear(x, self.packed, self.bias)
@@ -261,8 +269,8 @@ def _ready_group(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> "Group | Non
     """The group ``accelerate`` made of exactly ``layers``, if the kernel applies to ``x`` and the
     group's packed weights are current."""
     group = getattr(layers[0], "group", None)
-    if group is not None and group.layers == layers and _few_rows(x, layers[0].in_features, layers[0].weight) \
-            and group.current():
+    if group is not None and group.layers == layers and group.current() \
+            and _few_rows(x, layers[0].in_features, layers[0].weight, limit=rows_for(group.packed)):
         return group
     return None
 
@@ -413,4 +421,5 @@ def status(model: nn.Module | None = None) -> str:
     tiled = sum(m.packed.dtype == torch.int16 for m in layers)
     fused = f"whole decoder layers <= {max_fused()} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
     tiles = f"{tiled} on AMX tiles" if tiled else f"AMX off: {_amx_reason}" if _amx_reason else "none on AMX tiles"
-    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}), <= {MAX_ROWS} rows; {fused})"
+    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
+    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}), {rows}; {fused})"

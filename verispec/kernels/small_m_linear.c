@@ -389,6 +389,109 @@ static void exp_in_place(float *v, long n, float shift) {
     }
 }
 
+/* Attention of row b's T new tokens to KV head g with its q heads (att rows b * T + t). Each key and
+ * value vector is read once for all T x group queries, so verifying T tokens moves about as much of
+ * the cache as decoding one: first the scores of every slot visible to any of the tokens, then per
+ * query a softmax over its own visible slots, then the weighted values in blocks of VALUE_BLOCK slots
+ * that stay in L1 while every query adds its share.
+ * A query's arithmetic does not depend on the others: a key's score is dot8's, whose reduction uses
+ * only that key's lanes (the last group of 8 is padded by repeating a key); each query's visible
+ * scores are moved to the front of its row, in slot order, before the softmax, so its max, its sum
+ * (8 lanes over that compact list) and its weights see only its own slots; the value sum runs over
+ * them in ascending order (held in att between blocks, which is exact). So a token's output is the
+ * same whatever shares the call.
+ * Scratch: scores (S + 8) x group x T floats, slots S + 8 longs, cursors group x T longs. */
+#define VALUE_BLOCK 32
+static void attend_row(const float *qkv, float *att, const float *keys, const float *values, long b, long g,
+                       long T, long heads, long kv_heads, long D, long max_len, const long *lengths, long S,
+                       const uint8_t *mask, float scale, float *scores, long *slots, long *cursors) {
+    const long group = heads / kv_heads, width = (heads + 2 * kv_heads) * D;
+    const float *kbase = keys + (b * kv_heads + g) * max_len * D;
+    const float *vbase = values + (b * kv_heads + g) * max_len * D;
+    const uint8_t *rows = mask ? mask + b * T * S : NULL;  /* token t sees slot s if rows[t * S + s] */
+    long n = 0;  /* slots visible to any token, ascending */
+    if (rows) {
+        for (long s = 0; s < S; s++)
+            for (long t = 0; t < T; t++)
+                if (rows[t * S + s]) { slots[n++] = s; break; }
+    } else {
+        n = lengths[b] + T;  /* causally token t sees slots 0 .. lengths[b] + t */
+        for (long s = 0; s < n; s++) slots[s] = s;
+    }
+    const long stride = (n + 7) / 8 * 8;
+#define QUERY(t, i) (qkv + (b * T + (t)) * width + (g * group + (i)) * D)
+#define SEES(t, j) (rows ? rows[(t) * S + slots[j]] != 0 : (j) <= lengths[b] + (t))
+    for (long j = 0; j < n; j += 8) {
+        const float *k[8];
+        for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
+        for (long t = 0; t < T; t++) {
+            if (!rows && j > lengths[b] + t) continue;  /* causal: none of these 8 visible to t */
+            for (long i = 0; i < group; i++)
+                _mm256_storeu_ps(scores + (t * group + i) * stride + j,
+                                 _mm256_mul_ps(dot8(QUERY(t, i), k, D), _mm256_set1_ps(scale)));
+        }
+    }
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < group; i++) {  /* softmax over the query's own visible slots, compacted */
+            float *row = scores + (t * group + i) * stride;
+            long count = 0;
+            if (rows) {
+                for (long j = 0; j < n; j++)
+                    if (SEES(t, j)) row[count++] = row[j];
+            } else {
+                count = lengths[b] + t + 1;
+            }
+            const long whole = count / 8 * 8;
+            for (long j = count; j < (count + 7) / 8 * 8; j++) row[j] = -INFINITY;  /* pad: exp gives 0 */
+            __m256 top8 = _mm256_set1_ps(-INFINITY);
+            for (long j = 0; j < count; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(row + j));
+            float lanes[8], top = -INFINITY;
+            _mm256_storeu_ps(lanes, top8);
+            for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+            exp_in_place(row, count, top);
+            for (long j = count; j < (count + 7) / 8 * 8; j++) row[j] = 0.0f;
+            __m256 sum8 = _mm256_setzero_ps();
+            for (long j = 0; j < count; j += 8) sum8 = _mm256_add_ps(sum8, _mm256_loadu_ps(row + j));
+            const float total = hsum(sum8);  /* weights: divided exactly, 8 lanes or one at a time alike */
+            for (long j = 0; j < whole; j += 8)
+                _mm256_storeu_ps(row + j, _mm256_div_ps(_mm256_loadu_ps(row + j), _mm256_set1_ps(total)));
+            for (long j = whole; j < count; j++) row[j] /= total;
+            memset(att + (b * T + t) * heads * D + (g * group + i) * D, 0, sizeof(float) * D);
+            cursors[t * group + i] = 0;
+        }
+    for (long j0 = 0; j0 < n; j0 += VALUE_BLOCK) {
+        const long j1 = j0 + VALUE_BLOCK < n ? j0 + VALUE_BLOCK : n;
+        for (long t = 0; t < T; t++) {
+            const long last = rows ? j1 : (j1 < lengths[b] + t + 1 ? j1 : lengths[b] + t + 1);
+            for (long i = 0; i < group; i++) {
+                const float *row = scores + (t * group + i) * stride;
+                float *out = att + (b * T + t) * heads * D + (g * group + i) * D;
+                long *cursor = cursors + t * group + i;
+                const long from = *cursor;
+                for (long d0 = 0; d0 < D; d0 += 64) {  /* 8 accumulators in registers over the block */
+                    const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
+                    __m256 acc[8];
+                    long at = from;  /* the next of the query's weights */
+                    for (long c = 0; c < lanes; c++) acc[c] = _mm256_loadu_ps(out + d0 + 8 * c);
+                    for (long j = j0; j < last; j++) {
+                        if (!SEES(t, j)) continue;
+                        const __m256 p = _mm256_set1_ps(row[at++]);
+                        const float *v = vbase + slots[j] * D + d0;
+                        if (lanes == 8)
+                            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                        else
+                            for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                    }
+                    for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+                    *cursor = at;
+                }
+            }
+        }
+    }
+#undef QUERY
+#undef SEES
+}
+
 int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, long D, long I, float eps,
                    const float *attn_norm, const void *w_qkv, const float *b_qkv, const void *w_o,
                    const float *b_o, const float *mlp_norm, const void *w_gu, const float *b_gu,
@@ -403,10 +506,11 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     float *gu = malloc(sizeof(float) * M * 2 * I);
     float *act = malloc(sizeof(float) * M * I);
     const long teams = threads > 1 ? threads : 1;  /* attention scratch per thread */
-    float *all_scores = malloc(sizeof(float) * S * group * teams);
-    long *all_slots = malloc(sizeof(long) * S * teams);
+    float *all_scores = malloc(sizeof(float) * (S + 8) * group * T * teams);
+    long *all_slots = malloc(sizeof(long) * (S + 8) * teams);
+    long *all_cursors = malloc(sizeof(long) * group * T * teams);
     int status = 0;
-    if (!h || !qkv || !att || !o || !gu || !act || !all_scores || !all_slots) {
+    if (!h || !qkv || !att || !o || !gu || !act || !all_scores || !all_slots || !all_cursors) {
         status = 1;  /* out of memory: x and the cache untouched */
         goto done;
     }
@@ -429,59 +533,13 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scores = all_scores + (long)omp_get_thread_num() * S * group;
-        long *slots = all_slots + (long)omp_get_thread_num() * S;
+        const long me = omp_get_thread_num();
+        float *scores = all_scores + me * (S + 8) * group * T;
+        long *slots = all_slots + me * (S + 8), *cursors = all_cursors + me * group * T;
 #pragma omp for schedule(static)
-        for (long job = 0; job < M * kv_heads; job++) {  /* one token and one KV head with its q heads */
-            long m = job / kv_heads, g = job % kv_heads, b = m / T;
-            const float *kbase = keys + (b * kv_heads + g) * max_len * D;
-            const float *vbase = values + (b * kv_heads + g) * max_len * D;
-            const uint8_t *visible = mask ? mask + m * S : NULL;
-            const long end = mask ? S : lengths[b] + m % T + 1;  /* slots 0..end-1 considered */
-            long n = 0;
-            for (long s = 0; s < end; s++)
-                if (!visible || visible[s]) slots[n++] = s;
-            long j = 0;
-            for (; j + 8 <= n; j += 8) {  /* 8 keys at a time, each read once for the group's q heads */
-                const float *k[8];
-                for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i] * D;
-                for (long i = 0; i < group; i++)
-                    _mm256_storeu_ps(scores + i * S + j,
-                                     _mm256_mul_ps(dot8(qkv + m * width + (g * group + i) * D, k, D),
-                                                   _mm256_set1_ps(scale)));
-            }
-            for (; j < n; j++) {
-                const float *k = kbase + slots[j] * D;
-                for (long i = 0; i < group; i++)
-                    scores[i * S + j] = dot(qkv + m * width + (g * group + i) * D, k, D) * scale;
-            }
-            for (long i = 0; i < group; i++) {
-                float *row = scores + i * S, top = -INFINITY, total = 0.0f;
-                for (long j = 0; j < n; j++) top = row[j] > top ? row[j] : top;
-                exp_in_place(row, n, top);
-                for (long j = 0; j < n; j++) total += row[j];
-                float *out = att + m * heads * D + (g * group + i) * D;
-                for (long d0 = 0; d0 < D; d0 += 64) {  /* 8 accumulators in registers over the slots */
-                    const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
-                    __m256 acc[8];
-                    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-                    if (lanes == 8) {
-                        for (long j = 0; j < n; j++) {
-                            const __m256 p = _mm256_set1_ps(row[j] / total);
-                            const float *v = vbase + slots[j] * D + d0;
-                            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-                        }
-                    } else {
-                        for (long j = 0; j < n; j++) {
-                            const __m256 p = _mm256_set1_ps(row[j] / total);
-                            const float *v = vbase + slots[j] * D + d0;
-                            for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-                        }
-                    }
-                    for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
-                }
-            }
-        }
+        for (long job = 0; job < B * kv_heads; job++)  /* one row and one KV head with its q heads */
+            attend_row(qkv, att, keys, values, job / kv_heads, job % kv_heads, T, heads, kv_heads, D, max_len,
+                       lengths, S, mask, scale, scores, slots, cursors);
     }
     if (run(att, w_o, (wtypes >> 2) & 3, o, b_o, M, heads * D, H, threads)) {
         status = 1;  /* the cache already holds this pass's keys and values: the caller raises */
@@ -507,6 +565,6 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
 done:
-    free(h); free(qkv); free(att); free(o); free(gu); free(act); free(all_scores); free(all_slots);
+    free(h); free(qkv); free(att); free(o); free(gu); free(act); free(all_scores); free(all_slots); free(all_cursors);
     return status;
 }
