@@ -180,6 +180,40 @@ def test_a_tree_node_gets_the_same_bits_as_its_path_decoded_alone(monkeypatch, k
             assert torch.equal(alone[0, 0], tree[0, node]), node
     assert fused.calls > 0
 
+
+def test_a_prompt_longer_than_a_fused_pass_runs_in_chunks(monkeypatch, kernel_path):
+    """A causal pass of one row beyond max_fused() rows (a long prompt) runs as consecutive fused
+    passes: logits match torch's per-op path, every token has the bits of decoding it alone, and the
+    cache's length is what it was (a pass commits nothing)."""
+    model = _model("gqa")
+    monkeypatch.setattr(kernels, "max_fused", lambda: 8)
+    tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(4))
+    with Fused(False, monkeypatch):
+        reference_cache = model.new_cache(1)
+        reference_cache.commit(0, 0)
+        model.forward(tokens[:, :3], reference_cache)
+        reference_cache.commit(0, 3)
+        reference = model.forward(tokens[:, 3:], reference_cache)
+    with Fused(True, monkeypatch) as fused:
+        cache = model.new_cache(1)
+        model.forward(tokens[:, :3], cache)
+        cache.commit(0, 3)
+        chunked = model.forward(tokens[:, 3:], cache)  # 27 rows: passes of 8, 8, 8, 3
+        assert cache.lengths == [3]
+        assert fused.calls == (1 + 4) * model.config.num_hidden_layers
+        torch.testing.assert_close(chunked, reference, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cache.keys[:, :, :, :30], reference_cache.keys[:, :, :, :30], rtol=1e-5, atol=1e-5)
+        # Bits: compare hidden states (the LM head of 27 rows may take torch's path on the AVX2 loop).
+        layers = model.config.num_hidden_layers
+        hidden = model.run_layers(model.embed(tokens[:, 3:]), cache, 0, layers)
+        alone_cache = model.new_cache(1)
+        model.forward(tokens[:, :3], alone_cache)
+        alone_cache.commit(0, 3)
+        for step in range(3, 30):
+            alone = model.run_layers(model.embed(tokens[:, step:step + 1]), alone_cache, 0, layers)
+            alone_cache.commit(0, 1)
+            assert torch.equal(alone[0, 0], hidden[0, step - 3]), step
+
 def test_threads_do_not_change_results(monkeypatch):
     model = _model("mqa")
     tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
@@ -223,13 +257,14 @@ def test_with_amx_passes_up_to_128_rows_are_fused_and_match_torch(monkeypatch):
 
 
 def test_passes_beyond_the_row_limit_and_disabled_use_torch(monkeypatch):
+    """A batch of several rows beyond the limit in all takes torch's path (one row is chunked)."""
     model = _model("gqa")
-    tokens = torch.randint(0, 96, (1, kernels.max_fused() + 1))
+    tokens = torch.randint(0, 96, (2, kernels.max_fused() // 2 + 1))
     with Fused(True, monkeypatch) as fused:
-        model.forward(tokens, model.new_cache(1, kernels.max_fused() + 8))
+        model.forward(tokens, model.new_cache(2, kernels.max_fused() + 8))
     assert fused.calls == 0
     with Fused(False, monkeypatch) as fused:
-        model.forward(tokens[:, :4], model.new_cache(1))
+        model.forward(tokens[:1, :4], model.new_cache(1))
     assert fused.calls == 0
 
 

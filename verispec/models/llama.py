@@ -252,6 +252,10 @@ class LlamaForCausalLM(nn.Module):
         resumes at E with the drafting pass's exit hidden states."""
         batch, num_new, _ = x.shape
         cache.check_room(num_new)
+        rows = kernels.max_fused()
+        if batch == 1 and num_new > rows and tree_mask is None and depths is None and not staged \
+                and kernels.FUSED_LAYERS and kernels.fused_applies(x[:, :rows], cache):
+            return self._run_in_chunks(x, cache, start, stop, rows)
         if depths is not None:
             depths = depths.to(x.device)
         if tree_mask is not None:
@@ -285,6 +289,21 @@ class LlamaForCausalLM(nn.Module):
                 torch_mask.append(_attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device))
             x = layer(x, *self._broadcast_rotary(cos, sin, batch, num_new), cache, index, torch_mask[0], num_slots)
         return x
+
+    def _run_in_chunks(self, x: torch.Tensor, cache: KVCache, start: int, stop: int, rows: int) -> torch.Tensor:
+        """A long causal pass of one row (a prompt) as consecutive fused passes of ``rows`` tokens, each
+        committed so the next sees it, and the row's length restored at the end: what a pass leaves
+        in the cache is unchanged. Each token's arithmetic is the fused layer's, the same bits as
+        decoding it alone, where torch's per-op path beyond ``rows`` took 2.3x as long (a 352-token
+        prompt: 79 vs ~40 ms on the AMX Xeon)."""
+        base, hidden = cache.lengths[0], []
+        try:
+            for first in range(0, x.shape[1], rows):
+                hidden.append(self.run_layers(x[:, first:first + rows], cache, start, stop))
+                cache.commit(0, hidden[-1].shape[1])
+        finally:
+            cache.set_length(0, base)
+        return torch.cat(hidden, dim=1)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T), on any device -> embeddings (B, T, H) on the model's device."""
