@@ -411,6 +411,28 @@ def test_switching_to_the_best_gamma_must_repay_the_drafts_reads():
     assert afford_switch(FixedGamma(2), 2, 2, Backlog(400, 4)) == 2  # a fixed gamma is what the user asked for
 
 
+
+def test_a_first_climb_must_be_expected_to_repay_its_reads():
+    """Bucket 8 gained 3.4% over plain decoding with gamma 1. At batch 16 the draft would first read
+    1,600 tokens (32 ms at 20 us) to try gamma 1 there: expected at best to gain what bucket 8 did over
+    rows that may still generate 400 tokens at 4 tokens/ms (100 ms: ~3 ms saved), it stays plain; with
+    nothing to read, or 40,000 tokens still to come, it climbs. Batch 1 has nothing smaller to go by
+    and climbs at once."""
+    policy = AdaptiveGamma(max_gamma=1, candidates=(0, 1), min_samples=1)
+    policy.reads(1000, 0.02)
+    policy.observe(8, 0, 0.002, [0] * 8, [0] * 8)  # 4 tokens per ms
+    policy.observe(8, 1, 0.0029, [1, 0] * 4, [1] * 8)  # E[N] 1.5: 4.14 tokens per ms
+    assert policy.choose(8) == 1 and policy._smaller_gain(16) == pytest.approx(1.5 * 0.002 / 0.0029)
+    policy.observe(16, 0, 0.004, [0] * 16, [0] * 16)
+    assert policy.choose(16) == 1  # the climb it asks for
+    assert afford_switch(policy, 16, 1, Backlog(1600, 400)) == 0
+    assert afford_switch(policy, 16, 1, Backlog(0, 400)) == 1
+    assert afford_switch(policy, 16, 1, Backlog(1600, 40_000)) == 1
+    alone = AdaptiveGamma(max_gamma=1, candidates=(0, 1), min_samples=1)
+    alone.reads(1000, 0.02)
+    alone.observe(1, 0, 0.002, [0], [0])
+    assert alone.choose(1) == 1 and afford_switch(alone, 1, 1, Backlog(1600, 40)) == 1
+
 def test_batch_engine_asks_before_reading_a_backlog(models):
     """The engine prices what its draft must read before a round: a policy that refuses every switch
     keeps the draft from ever running, and outputs stay plain decoding's."""
