@@ -258,7 +258,7 @@ AMX_TARGET static void amx_blocks(const uint16_t *parts, long M, const uint16_t 
 /* y[M, N] = x[M, K] @ w^T (+ bias), w tiled by pack_amx. Returns 1 when scratch memory failed. */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads) {
-    uint16_t *parts = malloc(sizeof(uint16_t) * 3 * M * K);
+    uint16_t *parts = aligned_alloc(64, (sizeof(uint16_t) * 3 * M * K + 63) / 64 * 64);  /* whole cache lines per tile row */
     if (!parts) return 1;
     split3(x, parts, M, K);
     const long blocks = N / 16;
