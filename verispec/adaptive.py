@@ -6,7 +6,10 @@ all buckets. It predicts committed tokens per second for each gamma as
 
     rows(bucket, gamma) * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ...
 
-(rows: the median batch size of those rounds; E[N] as in costmodel)
+(rows: the median batch size of those rounds; E[N] as in costmodel, with a_1 depending on gamma once
+20 drafting rounds are in: ``costmodel.expected_tokens_by_start``. Right after a rejection the draft
+is right less often, and a larger gamma starts more rounds there; the plain product overestimated
+gamma 6 by ~12% on the embedded pair, so the policy sat at 6 for whole requests where 3 was 7% faster)
 
 and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
 the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
@@ -84,7 +87,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from verispec.costmodel import expected_tokens
+from verispec.costmodel import expected_tokens, expected_tokens_by_start
 
 DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
@@ -100,17 +103,26 @@ class Backlog:
 
 class AcceptanceCounts:
     """Per draft position i (1-based): rounds that tested it (reached it: accepted i - 1 drafts and
-    drafted at least i) and rounds that accepted it."""
+    drafted at least i) and rounds that accepted it; and rounds that drafted, and of those the ones
+    that accepted every draft (``full_share``)."""
 
     def __init__(self, max_position: int = 64):
         self.reached = [0] * (max_position + 1)
         self.accepted = [0] * (max_position + 1)
+        self.rounds = self.full = 0
 
     def add(self, accepted: int, drafted: int) -> None:
+        if drafted:
+            self.rounds += 1
+            self.full += accepted == drafted
         for position in range(1, min(drafted, accepted + 1, len(self.reached) - 1) + 1):
             self.reached[position] += 1
             if position <= accepted:
                 self.accepted[position] += 1
+
+    def full_share(self) -> float | None:
+        """Share of drafting rounds that accepted every draft; None before any."""
+        return self.full / self.rounds if self.rounds else None
 
     def rates(self, positions: int, prior: list[float] | None = None, prior_rounds: float = 0.0) -> list[float]:
         """Conditional acceptance at positions 1..``positions``: accepted / reached, pulled towards
@@ -139,6 +151,7 @@ class AdaptiveGamma:
         self.read_log: deque[tuple[int, float]] = deque(maxlen=window)  # recent draft reads: (tokens, seconds)
         self.plain_seconds: dict[int, float] = {}  # per bucket: time at gamma 0 since it last speculated
         self.min_samples, self.prior_rounds = min_samples, prior_rounds
+        self.min_rounds_for_start = 20  # drafting rounds before E[N] is corrected for round starts
         self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds since last (re)start
         # (bucket, gamma) -> the last ``window`` rounds as (seconds, rows), and their medians
         self.recent: dict[tuple[int, int], deque[tuple[float, int]]] = {}
@@ -203,11 +216,21 @@ class AdaptiveGamma:
         if seconds is None or seconds <= 0:
             return None
         if tokens is None:
-            acceptance = acceptance if acceptance is not None else self.acceptance()
-            tokens = expected_tokens(gamma, acceptance=acceptance) if gamma else 1.0
+            tokens = self.expected(acceptance if acceptance is not None else self.acceptance(), gamma)[gamma]
         if gamma:
             seconds += self.overhead_per_round(batch_size)
         return self.round_rows[key] * tokens / seconds
+
+    def expected(self, acceptance: list[float], top: int) -> list[float]:
+        """E[N] for gamma 0..``top``: with ``min_rounds_for_start`` drafting rounds seen and position 2
+        tested, corrected for how rounds start (``costmodel.expected_tokens_by_start``: the first
+        draft is accepted less often right after a rejection, and a larger gamma has more rounds
+        that start there); before that, the product of the rates."""
+        share = self.counts.full_share()
+        tested = len(self.counts.reached) > 2 and self.counts.reached[2] > 0  # position 2 gives p11
+        if self.counts.rounds >= self.min_rounds_for_start and tested and share is not None:
+            return expected_tokens_by_start(acceptance, share, top)
+        return [expected_tokens(g, acceptance=acceptance) if g else 1.0 for g in range(top + 1)]
 
     def charge(self, batch_size: int, seconds: float) -> None:
         """Speculation's cost outside its rounds: the draft reading a new request's prompt. Plain
@@ -276,11 +299,7 @@ class AdaptiveGamma:
             return self.candidates[0]
         # Every candidate's rate once per round: this runs before every round (~25 us per round at
         # batch 1 when each comparison recomputed E[N] from the acceptance rates, 0.6% of a round).
-        tokens, reach, total = {0: 1.0}, 1.0, 1.0
-        for position, rate in enumerate(self.acceptance(request)[:max(tried)], start=1):
-            reach *= rate
-            total += reach
-            tokens[position] = total
+        tokens = self.expected(self.acceptance(request), max(tried))
         rates = {g: self.predicted_rate(batch_size, g, tokens=tokens[g]) or 0.0 for g in tried}
         rate = rates.__getitem__
         best = max(tried, key=rate)
