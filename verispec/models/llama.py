@@ -254,7 +254,7 @@ class LlamaForCausalLM(nn.Module):
         cache.check_room(num_new)
         rows = kernels.max_fused()
         if batch == 1 and num_new > rows and tree_mask is None and depths is None and not staged \
-                and kernels.FUSED_LAYERS and kernels.fused_applies(x[:, :rows], cache):
+                and kernels.amx() and kernels.FUSED_LAYERS and kernels.fused_applies(x[:, :rows], cache):
             return self._run_in_chunks(x, cache, start, stop, rows)
         if depths is not None:
             depths = depths.to(x.device)
@@ -294,8 +294,10 @@ class LlamaForCausalLM(nn.Module):
         """A long causal pass of one row (a prompt) as consecutive fused passes of ``rows`` tokens, each
         committed so the next sees it, and the row's length restored at the end: what a pass leaves
         in the cache is unchanged. Each token's arithmetic is the fused layer's, the same bits as
-        decoding it alone, where torch's per-op path beyond ``rows`` took 2.3x as long (a 352-token
-        prompt: 79 vs ~40 ms on the AMX Xeon)."""
+        decoding it alone. Only where AMX multiplies: there torch's per-op path beyond ``rows`` took
+        1.5-2x as long (352 tokens: 79 vs 44 ms on the Xeon), while the AVX2 loop's 64-row passes
+        took 1.7-2x as long as torch's one big pass (352 tokens: 158 vs 80 ms, VERISPEC_AMX=0 there;
+        docs/experiments/prefill_cost.py)."""
         base, hidden = cache.lengths[0], []
         try:
             for first in range(0, x.shape[1], rows):
