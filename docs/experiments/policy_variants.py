@@ -3,7 +3,7 @@ prompts (the first --prompts held-out prompts per workload; the policies first r
 prompts once, as there): decode ms per token (prefill excluded) per repeat, interleaved per prompt,
 speedup over plain decoding = median over repeats of the per-repeat ratio.
 
-    OMP_NUM_THREADS=1 python docs/experiments/policy_variants.py [--prompts 4] [--repeats 5]
+    OMP_NUM_THREADS=1 python docs/experiments/policy_variants.py [--prompts 4] [--repeats 5] [--priors 2,4]
 
 Variants: the default policy; per-request acceptance blended with more prior weight (prior_rounds
 32 instead of 8); shared acceptance only (one gamma for every request); the default seeded from a
@@ -22,6 +22,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--prompts", type=int, default=4)
 ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--max-tokens", type=int, default=64)
+ap.add_argument("--priors", default="", help="more variants: the default policy with these prior_rounds, e.g. 2,4")
 args = ap.parse_args()
 
 pair = load_pair()
@@ -46,6 +47,8 @@ def seeded():
 
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded}
+for weight in (int(w) for w in args.priors.split(",") if w):
+    policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (2, 3, 4)},
          **{name: SpecConfig(gamma=8, gamma_policy="adaptive", draft_vocab=vocab) for name in policies}}
 engines = {name: build_engine(pair, spec) for name, spec in specs.items()}
