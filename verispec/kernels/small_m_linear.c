@@ -335,12 +335,6 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {
     }
 }
 
-static float dot(const float *a, const float *b, long n) {
-    __m256 acc = _mm256_setzero_ps();
-    for (long k = 0; k < n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
-    return hsum(acc);
-}
-
 /* q . k[i] for 8 keys at once (n % 8 == 0): one accumulator per key, reduced together by a transpose
  * of horizontal adds instead of 8 separate horizontal sums. */
 INLINE __m256 dot8(const float *q, const float *const k[8], long n) {
