@@ -28,7 +28,7 @@ import torch
 
 from verispec.adaptive import AcceptanceCounts, Backlog, FixedGamma, afford_switch, report_draft_reads
 from verispec.config import SamplingParams, SpecConfig, StopRules
-from verispec.drafters.base import common_prefix_length
+from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
 from verispec.models.llama import LlamaForCausalLM
@@ -86,7 +86,7 @@ class BatchEngine:
             raise VerispecError("speculation with a draft model needs --draft")
         self.target, self.spec, self.decode = target, spec, decode
         self.draft = draft if spec.enabled and spec.drafter == "model" else None
-        self.head = {"vocab_limit": spec.draft_vocab} if spec.draft_vocab is not None else {}  # draft logits
+        self.head = head_args(spec.draft_vocab)  # the draft's logits: its first ids only, if limited
         self.ngram = NgramDrafter(spec.ngram_max, spec.ngram_min) if spec.enabled and spec.drafter == "ngram" else None
         self.max_len = max_len or target.config.max_context
         self.cache = target.new_cache(max_batch, self.max_len)

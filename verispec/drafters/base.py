@@ -46,6 +46,12 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
 
+def head_args(vocab_limit: int | None) -> dict:
+    """Keyword arguments for a draft model's logits: ``vocab_limit`` only when set, so a model without
+    that parameter (a transformers adapter) is called as before."""
+    return {"vocab_limit": vocab_limit} if vocab_limit is not None else {}
+
+
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     """How many leading tokens two sequences share: how much of a drafter's cache stays valid."""
     n = min(len(a), len(b))

@@ -18,7 +18,7 @@ import time
 import torch
 
 from verispec.config import SamplingParams, SiblingMode, TreeShape
-from verispec.drafters.base import Proposal, common_prefix_length
+from verispec.drafters.base import Proposal, common_prefix_length, head_args
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import AcceptanceCalibration, TokenTree
@@ -159,7 +159,7 @@ class DraftModelDrafter:
         depths = torch.tensor([pool[n][3] - 1 for n in frontier])
         logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
                                     tree_mask=mask, depths=depths, staged=len(staged),
-                                    **self._head_args())[0].cpu()
+                                    **head_args(self.vocab_limit))[0].cpu()
         self.cache.commit(0, len(frontier))
         return list(torch.softmax(logits.float(), -1))
 
@@ -177,11 +177,8 @@ class DraftModelDrafter:
         self.read_tokens = len(unseen) if long else 0
         return logits
 
-    def _head_args(self) -> dict:
-        return {"vocab_limit": self.vocab_limit} if self.vocab_limit is not None else {}
-
     def _feed(self, tokens: list[int]) -> torch.Tensor:
-        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True, **self._head_args())[0, -1].cpu()
+        logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True, **head_args(self.vocab_limit))[0, -1].cpu()
         self.cache.commit(0, len(tokens))
         self.seen.extend(tokens)
         return logits
