@@ -297,8 +297,8 @@ class AdaptiveGamma:
         tried = [g for g in self.candidates if (bucket, g) in self.round_seconds]
         if not tried:
             return self.candidates[0]
-        # Every candidate's rate once per round: this runs before every round (~25 us per round at
-        # batch 1 when each comparison recomputed E[N] from the acceptance rates, 0.6% of a round).
+        # Every candidate's rate once per round: this runs before every round, and recomputing E[N]
+        # for each comparison made choose + observe 28 us at batch 1 (docs/experiments/hot_path_costs.py).
         tokens = self.expected(self.acceptance(request), max(tried))
         rates = {g: self.predicted_rate(batch_size, g, tokens=tokens[g]) or 0.0 for g in tried}
         rate = rates.__getitem__

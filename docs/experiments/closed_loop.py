@@ -23,6 +23,7 @@ ap.add_argument("--refill", type=int, default=1, help="rounds before a finished 
                 "(a client's round trip; 0: at once)")
 ap.add_argument("--hold", default="16", help="AdaptiveGamma hold_rounds; several (16,1) add variants")
 ap.add_argument("--gamma0", action="store_true", help="add a variant with the draft attached but held at gamma 0")
+ap.add_argument("--aa", action="store_true", help="add a second plain engine (an A/A check of the method's noise)")
 ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
 args = ap.parse_args()
 pair = load_pair()
@@ -41,6 +42,8 @@ for budget in (float(b) for b in args.budget.split(",") if b):
     engines[f"budget{budget:g}"] = BatchEngine(
         pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab), max_batch=64, max_len=1024,
         gamma_policy=AdaptiveGamma(max_gamma=4, switch_budget=budget))
+if args.aa:
+    engines["off2"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="none"), max_batch=64, max_len=1024)
 if args.gamma0:
     engines["gamma0"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
                                     max_batch=64, max_len=1024, gamma_policy=FixedGamma(0))

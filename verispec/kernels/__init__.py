@@ -53,7 +53,7 @@ SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
 MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
-# (8192 x 384) costs 0.51 vs 1.47 ms at 32 rows and 1.7 vs 4.1 ms at 128 (docs/experiments/amx_linear.py).
+# (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (docs/experiments/amx_linear.py).
 # Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
