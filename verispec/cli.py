@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--calibrate-gamma", type=int, default=8,
                       help="most drafts per round while calibrating: rounds draft 1, 2, ..., N in turn, so that "
                            "every gamma's round is timed in the real loop (8)")
-    add_draft_vocab_option(prof)
+    add_draft_options(prof)
     prof.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     prof.add_argument("--json", action="store_true", help="print the profile JSON")
     prof.set_defaults(run=_run_profile)
@@ -159,11 +159,15 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
                              "from q (SpecInfer), or without replacement (Sequoia); greedy always uses top-k")
-    add_draft_vocab_option(parser)
+    add_draft_options(parser)
     parser.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
 
 
-def add_draft_vocab_option(parser: argparse.ArgumentParser) -> None:
+def add_draft_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-weights", choices=("int8", "native"), default="int8",
+                        help="int8 (default): the draft model's linear layers run with int8 weights (and on "
+                             "AMX-INT8 CPUs int8 inputs), half the bytes per draft step; lossless either way, "
+                             "only acceptance can move. native: the checkpoint's own weights")
     parser.add_argument("--draft-vocab", default="auto", metavar="N|auto|all",
                         help="the draft model proposes only token ids < N, scoring a slice of its LM head "
                              "(lossless for any N: a target token outside is just never drafted); auto: "
@@ -218,7 +222,8 @@ def _run_generate(args) -> int:
     if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
         raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
                             "(--no-spec, --method ngram and --method self need only --target)")
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend)
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
+                     draft_weights=args.draft_weights)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     tokenizer = pair.tokenizer
@@ -351,7 +356,8 @@ def _run_profile(args) -> int:
         torch.set_num_threads(args.threads)
     if args.max_positions < 2 or args.repeats < 1 or args.context < 1:
         raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1")
-    pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend)
+    pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend,
+                     draft_weights=args.draft_weights)
     bar = lambda items: tqdm(items, desc="verify curve", unit="pass", file=sys.stderr)
     data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar)
     data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)

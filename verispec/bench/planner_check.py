@@ -34,7 +34,7 @@ import torch
 from verispec import profile as profiler
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.demo import PROMPTS_FILE
-from verispec.cli import add_draft_vocab_option
+from verispec.cli import add_draft_options
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
 GREEDY = SamplingParams(temperature=0)
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cold-policies", action="store_true",
                         help="start the adaptive and HF policies cold instead of letting them first run the "
                              "calibration prompts the planner was calibrated on")
-    add_draft_vocab_option(parser)
+    add_draft_options(parser)
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     args = parser.parse_args(argv)
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     if not 1 <= args.calibrate_gamma <= args.max_gamma:
         parser.error("--calibrate-gamma must be in 1..--max-gamma")
     torch.set_num_threads(args.threads)
-    pair = load_pair(args.target, args.draft)
+    pair = load_pair(args.target, args.draft, draft_weights=args.draft_weights)
     gammas = list(range(1, args.max_gamma + 1))
     data = profiler.profile(pair.target, pair.draft, max_positions=args.max_gamma + 1,
                             repeats=args.profile_repeats, tree_shapes=())

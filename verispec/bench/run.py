@@ -179,7 +179,8 @@ def _load_pair(config: BenchConfig, variants: list[Variant]) -> ModelPair:
     if needs_draft and m.target is not None and m.draft is None:
         raise VerispecError("the variants chain, tree:* and hf_assisted need a draft: set models.draft (--draft) "
                             "or keep only off, ngram, self, hf and hf_prompt_lookup")
-    pair = load_pair(m.target, m.draft, device=m.device, need_draft=needs_draft, backend=m.backend)
+    pair = load_pair(m.target, m.draft, device=m.device, need_draft=needs_draft, backend=m.backend,
+                     draft_weights=config.spec.draft_weights)
     if m.precision != "float32":
         dtype = getattr(torch, m.precision)
         for model in (pair.target, pair.draft):
@@ -232,7 +233,7 @@ def _models_section(pair: ModelPair, variants: list[Variant], prompts: list[Benc
             if concurrency == 1 or variant.batchable:
                 memory[f"{variant.name}@c{concurrency}"] = memory_model(variant, target, draft, longest, concurrency)
     return {"target": target, "draft": draft, "precision": config.models.precision, "backend": config.models.backend,
-            "memory_model": memory}
+            "draft_weights": config.spec.draft_weights, "memory_model": memory}
 
 
 def memory_model(variant: Variant, target: dict, draft: dict | None, longest: int, concurrency: int) -> dict:

@@ -62,6 +62,9 @@ MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one 
 # With AMX tiles the fused pass won every shape up to 128 rows (0.52-0.89 of the per-op time at 150- and
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
 MAX_FUSED_AMX = 128
+# Quantized (draft) models use their int8 rows for passes of up to this many rows, their bf16 weights
+# beyond: the int8 loop is bound by reading the weights at 1-2 rows and by arithmetic beyond.
+INT8_ROWS = 4
 
 _reason = "not built yet"
 _amx_reason = "not built yet"
@@ -119,12 +122,16 @@ def library() -> ctypes.CDLL | None:
     except OSError as error:
         _reason = f"load failed ({error})"
         return None
-    for name in ("linear_f32", "linear_bf16"):
+    for name in ("linear_f32", "linear_bf16", "linear_i8"):
         function = getattr(lib, name)
         function.restype = None
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    lib.linear_amx.restype = ctypes.c_int
-    lib.linear_amx.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    for name in ("linear_amx", "linear_amx_i8"):
+        function = getattr(lib, name)
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.pack_amx_i8.restype = None
+    lib.pack_amx_i8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2
     lib.pack_amx.restype = None
     lib.pack_amx.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
     lib.amx_init.restype = ctypes.c_int
@@ -153,6 +160,11 @@ def max_fused() -> int:
     return MAX_FUSED_AMX if amx() else MAX_FUSED
 
 
+def amx_int8() -> bool:
+    """Whether int8 (draft) weights are multiplied with AMX-INT8 tiles: ``amx()`` and the CPU has AMX-INT8."""
+    return amx() and "amx_int8" in _cpu_flags()
+
+
 def amx() -> bool:
     """Whether bf16 weights are multiplied with AMX tiles (``library()`` loaded, the CPU has AMX-BF16, the
     OS granted it, and VERISPEC_AMX is not 0). Read when weights are packed."""
@@ -165,20 +177,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     lib = library()
     x = x.contiguous()
     out_features, in_features = weight.shape
+    if weight.dtype in (torch.int8, torch.uint8):  # quantize_int8's: 4 bytes of scale per row
+        in_features -= 4
     rows = x.numel() // in_features
     out = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
-    function = {torch.bfloat16: lib.linear_bf16, torch.int16: lib.linear_amx}.get(weight.dtype, lib.linear_f32)
+    function = {torch.bfloat16: lib.linear_bf16, torch.int16: lib.linear_amx, torch.int8: lib.linear_i8,
+                torch.uint8: lib.linear_amx_i8}.get(weight.dtype, lib.linear_f32)
     failed = function(x.data_ptr(), weight.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr(),
                       rows, in_features, out_features, torch.get_num_threads())
-    if weight.dtype == torch.int16 and failed:
+    if weight.dtype in (torch.int16, torch.uint8) and failed:
         raise MemoryError(f"the AMX kernel could not allocate scratch memory for {rows} rows")
     return out
 
 
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
-    tiles (int16-held bf16), MAX_ROWS for the AVX2 loop."""
-    return MAX_FUSED_AMX if packed.dtype == torch.int16 else MAX_ROWS
+    tiles (int16-held bf16, uint8-held int8), MAX_ROWS for the AVX2 loop, INT8_ROWS for its int8 rows."""
+    if packed.dtype == torch.int8:
+        return INT8_ROWS
+    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else MAX_ROWS
 
 
 def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor, limit: int | None = None) -> bool:
@@ -218,23 +235,50 @@ def _pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return as_bf16
 
 
+def quantize_int8(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) float -> (N, K + 4) bytes for ``linear``: per output row, an fp32 scale (max |w| / 127) and
+    the K values rounded to multiples of it. With AMX-INT8 (``amx_int8()``) and N % 16 == 0, K % 64 == 0:
+    uint8, tiled by ``pack_amx_i8`` (the C source; input rows are then quantised too, per row); else
+    int8 rows, each its scale's 4 bytes then its values (the AVX2 loop, for up to INT8_ROWS rows). For
+    draft models only: what a draft proposes decides acceptance, never the committed distribution."""
+    weight = weight.detach().float()
+    out_features, in_features = weight.shape
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+    values = torch.round(weight / scale).clamp(-127, 127).to(torch.int8).contiguous()
+    if amx_int8() and out_features % 16 == 0 and in_features % 64 == 0:
+        tiled = torch.empty(out_features, in_features + 4, dtype=torch.uint8)
+        scales = scale.reshape(-1).contiguous()
+        library().pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), out_features, in_features)
+        return tiled
+    out = torch.empty(out_features, in_features + 4, dtype=torch.int8)
+    out[:, :4] = scale.view(torch.int8).reshape(-1, 4)
+    out[:, 4:] = values
+    return out
+
+
 class SmallRowsLinear(nn.Linear):
     """An nn.Linear (same parameters and state dict) whose few-row inference calls use the kernel.
-    Made by ``accelerate``, which sets ``packed``: the weight as bf16 when that is exact, else fp32."""
+    Made by ``accelerate``, which sets ``packed``: the weight as bf16 when that is exact, else fp32.
+    ``quantize`` adds ``quantized`` (int8 rows, ``quantize_int8``), used for up to INT8_ROWS rows."""
 
     packed: torch.Tensor
     packed_version: int
     group: "Group | None" = None
+    quantized: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _few_rows(x, self.in_features, self.weight, limit=rows_for(self.packed)):
             if self.weight._version != self.packed_version:  # weights edited in place since packing
                 self._pack()
+            if self.quantized is not None and x.numel() <= rows_for(self.quantized) * self.in_features:
+                return linear(x, self.quantized, self.bias)
             return linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def _pack(self) -> None:
         self.packed, self.packed_version, self.group = _pack_weight(self.weight), self.weight._version, None
+        if self.quantized is not None:
+            self.quantized = quantize_int8(self.weight)
 
 
 class Group:
@@ -244,6 +288,9 @@ class Group:
     def __init__(self, layers: tuple[SmallRowsLinear, ...]):
         self.layers = layers
         self.packed = torch.cat([layer.packed for layer in layers])
+        self.quantized = None  # int8 rows of every member, when ``quantize`` gave each its own
+        if all(layer.quantized is not None for layer in layers):
+            self.quantized = torch.cat([layer.quantized for layer in layers])
         biases = [layer.bias for layer in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.bias_versions = [None if b is None else b._version for b in biases]
@@ -251,12 +298,20 @@ class Group:
         offset = 0
         for layer, size in zip(layers, self.sizes):
             layer.packed, layer.group = self.packed[offset:offset + size], self
+            if self.quantized is not None:
+                layer.quantized = self.quantized[offset:offset + size]
             offset += size
 
     @staticmethod
     def compatible(layers) -> bool:
         return (all(isinstance(layer, SmallRowsLinear) for layer in layers)
                 and len({(layer.in_features, layer.packed.dtype, layer.bias is None) for layer in layers}) == 1)
+
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 weights when quantized and the pass is within their rows (``rows_for``), else the packed."""
+        if self.quantized is not None and x.numel() <= rows_for(self.quantized) * self.layers[0].in_features:
+            return self.quantized
+        return self.packed
 
     def current(self) -> bool:
         """No member was repacked or had its weight or bias edited in place since grouping."""
@@ -279,7 +334,7 @@ def projections(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]
     """``tuple(layer(x) for layer in layers)``, in one kernel call when ``accelerate`` grouped them."""
     group = _ready_group(x, layers)
     if group is not None:
-        return linear(x, group.packed, group.bias).split(group.sizes, dim=-1)
+        return linear(x, group.weight_for(x), group.bias).split(group.sizes, dim=-1)
     return tuple(layer(x) for layer in layers)
 
 
@@ -287,7 +342,7 @@ def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
     """``torch.cat([layer(x) for layer in layers], -1)``, in one kernel call (no copy) when grouped."""
     group = _ready_group(x, layers)
     if group is not None:
-        return linear(x, group.packed, group.bias)
+        return linear(x, group.weight_for(x), group.bias)
     return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
@@ -317,6 +372,26 @@ def accelerate(model: nn.Module) -> int:
     return switched
 
 
+def quantize(model: nn.Module) -> int:
+    """Give every kernel linear layer of ``model`` (see ``accelerate``) int8 rows (``quantize_int8``),
+    used for passes of up to INT8_ROWS rows, and regroup; returns how many layers. For draft models
+    only: a draft's weights decide what it proposes and so the acceptance, never the committed
+    distribution, which the target alone defines. At one row a pass is bound by reading the weights:
+    int8 rows are half of bf16's bytes."""
+    layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.quantized = quantize_int8(layer.weight)
+            layer.group = None
+        for module in model.modules():
+            module.__dict__.pop("_fused_weights", None)
+            for names in GROUPS:
+                members = tuple(getattr(module, name, None) for name in names)
+                if Group.compatible(members):
+                    Group(members)
+    return len(layers)
+
+
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
@@ -339,13 +414,21 @@ class LayerWeights:
         self.watched = [t for m in (*self.qkv.layers, *self.gate_up.layers, self.o, self.down, *norms)
                         for t in (m.weight, getattr(m, "bias", None)) if t is not None]
         self.versions = [t._version for t in self.watched]
-        flags = 0  # 2 bits per weight: 0 fp32, 1 bf16, 2 AMX-tiled bf16
-        for index, packed in enumerate((self.qkv.packed, self.o.packed, self.gate_up.packed, self.down.packed)):
-            flags |= {torch.bfloat16: 1, torch.int16: 2}.get(packed.dtype, 0) << (2 * index)
-        self.pointers = (_pointer(norms[0].weight), self.qkv.packed.data_ptr(), _pointer(self.qkv.bias),
-                         self.o.packed.data_ptr(), _pointer(self.o.bias), _pointer(norms[1].weight),
-                         self.gate_up.packed.data_ptr(), _pointer(self.gate_up.bias), self.down.packed.data_ptr(),
-                         _pointer(self.down.bias), flags)
+        self.pointers = self._pointers((self.qkv.packed, self.o.packed, self.gate_up.packed, self.down.packed))
+        quantized = (self.qkv.quantized, self.o.quantized, self.gate_up.quantized, self.down.quantized)
+        self.single_quantized = quantized[1::2]  # held, as self.single
+        # For passes of up to INT8_ROWS rows, when ``quantize`` gave every weight int8 rows.
+        self.pointers_int8 = self._pointers(quantized) if all(q is not None for q in quantized) else None
+
+    def _pointers(self, weights: tuple[torch.Tensor, ...]) -> tuple:
+        qkv, o, gate_up, down = weights
+        norms = (self.layer.input_layernorm, self.layer.post_attention_layernorm)
+        flags = 0  # 4 bits per weight: 0 fp32, 1 bf16, 2 AMX-tiled bf16, 3 int8 rows, 4 AMX-tiled int8
+        for index, packed in enumerate(weights):
+            flags |= {torch.bfloat16: 1, torch.int16: 2, torch.int8: 3, torch.uint8: 4}.get(packed.dtype, 0) << (4 * index)
+        return (_pointer(norms[0].weight), qkv.data_ptr(), _pointer(self.qkv.bias), o.data_ptr(),
+                _pointer(self.o.bias), _pointer(norms[1].weight), gate_up.data_ptr(), _pointer(self.gate_up.bias),
+                down.data_ptr(), _pointer(self.down.bias), flags)
 
     @staticmethod
     def for_layer(layer: nn.Module) -> "LayerWeights | None":
@@ -374,7 +457,8 @@ class LayerWeights:
         attention = self.layer.self_attn
         return ([t._version for t in self.watched] == self.versions
                 and attention.q_proj.group is self.qkv and self.layer.mlp.gate_proj.group is self.gate_up
-                and self.o.packed is self.single[0] and self.down.packed is self.single[1])
+                and self.o.packed is self.single[0] and self.down.packed is self.single[1]
+                and self.o.quantized is self.single_quantized[0] and self.down.quantized is self.single_quantized[1])
 
 
 def fused_applies(x: torch.Tensor, cache) -> bool:
@@ -399,8 +483,11 @@ def decoder_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin
     batch, num_new, hidden = x.shape
     heads, kv_heads, head_dim, intermediate = weights.shape
     keys, values = cache.keys[layer], cache.values[layer]
+    pointers = weights.pointers
+    if weights.pointers_int8 is not None and batch * num_new <= rows_for(weights.qkv.quantized):
+        pointers = weights.pointers_int8
     failed = library().decoder_layer(x.data_ptr(), batch, num_new, hidden, heads, kv_heads, head_dim,
-                                     intermediate, weights.eps, *weights.pointers, cos.data_ptr(), sin.data_ptr(),
+                                     intermediate, weights.eps, *pointers, cos.data_ptr(), sin.data_ptr(),
                                      keys.data_ptr(), values.data_ptr(), cache.max_len, lengths.data_ptr(),
                                      num_slots, None if mask is None else mask.data_ptr(), torch.get_num_threads())
     if failed:
@@ -422,4 +509,10 @@ def status(model: nn.Module | None = None) -> str:
     fused = f"whole decoder layers <= {max_fused()} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
     tiles = f"{tiled} on AMX tiles" if tiled else f"AMX off: {_amx_reason}" if _amx_reason else "none on AMX tiles"
     rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
-    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}), {rows}; {fused})"
+    quantized = [m.quantized for m in layers if m.quantized is not None]
+    int8 = ""
+    if quantized:
+        on_tiles = sum(q.dtype == torch.uint8 for q in quantized)
+        where = f"{on_tiles} on AMX-INT8 tiles" if on_tiles else f"int8 rows for <= {INT8_ROWS} rows"
+        int8 = f", {len(quantized)} with int8 weights ({where})"
+    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}){int8}, {rows}; {fused})"

@@ -44,77 +44,95 @@ INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* int8 weights (``quantize_int8``): each row is its fp32 scale (4 bytes) followed by K int8 values,
+ * w[n][k] = scale[n] * q[n][k]; a row stride of K + 4 bytes. Only draft models are quantized (their
+ * weights decide what is proposed, never what is committed), and at these row counts a pass is bound
+ * by reading the weights: a quarter of fp32's bytes, half of bf16's. */
+INLINE __m256 load_w_i8(const void *base, long index) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + index))));
+}
+
 /* Weight rows n0 .. n0 + NB - 1 (rows >= N are computed from row N - 1 and not stored) against input
- * rows m0 .. m0 + MB - 1. */
-INLINE void block(const float *x, const void *w, int bf16, float *y, const float *bias, long K, long N,
+ * rows m0 .. m0 + MB - 1. wt: 0 fp32, 1 bf16, 3 int8 rows with their scale (see load_w_i8). */
+INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
     __m256 acc[4][6];
     long rows[4];
+    const long stride = wt == 3 ? K + 4 : K, first = wt == 3 ? 4 : 0;  /* in weight elements */
     for (int a = 0; a < NB; a++) {
-        rows[a] = (n0 + a < N ? n0 + a : N - 1) * K;
+        rows[a] = (n0 + a < N ? n0 + a : N - 1) * stride + first;
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     }
     const float *xb = x + m0 * K;
-    const long esize = bf16 ? 2 : 4;
+    const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
     for (long k = 0; k < K; k += 8) {
         if (((k * esize) & 63) == 0)  /* once per cache line: the same line of rows PREFETCH_ROWS ahead */
             for (int a = 0; a < NB; a++)
-                _mm_prefetch((const char *)w + (rows[a] + PREFETCH_ROWS * K + k) * esize, _MM_HINT_T0);
+                _mm_prefetch((const char *)w + (rows[a] + PREFETCH_ROWS * stride + k) * esize, _MM_HINT_T0);
         __m256 wv[4];
         for (int a = 0; a < NB; a++)
-            wv[a] = bf16 ? load_w_bf16(w, rows[a] + k) : load_w_f32(w, rows[a] + k);
+            wv[a] = wt == 1 ? load_w_bf16(w, rows[a] + k) : wt == 3 ? load_w_i8(w, rows[a] + k)
+                                                                     : load_w_f32(w, rows[a] + k);
         for (int b = 0; b < MB; b++) {
             __m256 xv = _mm256_loadu_ps(xb + b * K + k);
             for (int a = 0; a < NB; a++) acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
         }
     }
+    float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if (wt == 3)
+        for (int a = 0; a < NB; a++) memcpy(&scale[a], (const int8_t *)w + rows[a] - 4, 4);
     for (int b = 0; b < MB; b++) {
         float *out = y + (m0 + b) * N;
         for (int a = 0; a < NB; a++)
-            if (n0 + a < N) out[n0 + a] = hsum(acc[a][b]) + (bias ? bias[n0 + a] : 0.0f);
+            if (n0 + a < N) out[n0 + a] = hsum(acc[a][b]) * scale[a] + (bias ? bias[n0 + a] : 0.0f);
     }
 }
 
 /* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
  * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks). */
-INLINE void weight_block(const float *x, const void *w, int bf16, float *y, const float *bias,
+INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     long m0 = 0;
     for (; M - m0 >= 6; m0 += 6) {
-        block(x, w, bf16, y, bias, K, N, m0, 6, n0, 2);
-        block(x, w, bf16, y, bias, K, N, m0, 6, n0 + 2, 2);
+        block(x, w, wt, y, bias, K, N, m0, 6, n0, 2);
+        block(x, w, wt, y, bias, K, N, m0, 6, n0 + 2, 2);
     }
     switch (M - m0) {
     case 5:
-        block(x, w, bf16, y, bias, K, N, m0, 5, n0, 2);
-        block(x, w, bf16, y, bias, K, N, m0, 5, n0 + 2, 2);
+        block(x, w, wt, y, bias, K, N, m0, 5, n0, 2);
+        block(x, w, wt, y, bias, K, N, m0, 5, n0 + 2, 2);
         break;
     case 4:
-        block(x, w, bf16, y, bias, K, N, m0, 4, n0, 2);
-        block(x, w, bf16, y, bias, K, N, m0, 4, n0 + 2, 2);
+        block(x, w, wt, y, bias, K, N, m0, 4, n0, 2);
+        block(x, w, wt, y, bias, K, N, m0, 4, n0 + 2, 2);
         break;
     case 3:
-        block(x, w, bf16, y, bias, K, N, m0, 3, n0, 2);
-        block(x, w, bf16, y, bias, K, N, m0, 3, n0 + 2, 2);
+        block(x, w, wt, y, bias, K, N, m0, 3, n0, 2);
+        block(x, w, wt, y, bias, K, N, m0, 3, n0 + 2, 2);
         break;
-    case 2: block(x, w, bf16, y, bias, K, N, m0, 2, n0, 4); break;
-    case 1: block(x, w, bf16, y, bias, K, N, m0, 1, n0, 4); break;
+    case 2: block(x, w, wt, y, bias, K, N, m0, 2, n0, 4); break;
+    case 1: block(x, w, wt, y, bias, K, N, m0, 1, n0, 4); break;
     default: break;
     }
 }
 
-/* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below). 1 when scratch
- * memory could not be allocated (AMX only). */
+/* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below), 3 int8 rows with
+ * their scale, 4 int8 tiled for AMX (run_amx_i8). 1 when scratch memory could not be allocated (AMX only). */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads);
+
+static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
+                      int threads);
 
 static int run(const float *x, const void *w, int wtype, float *y, const float *bias, long M, long K,
                long N, int threads) {
     if (wtype == 2) return run_amx(x, (const uint16_t *)w, y, bias, M, K, N, threads);
+    if (wtype == 4) return run_amx_i8(x, (const int8_t *)w, y, bias, M, K, N, threads);
     long blocks = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long i = 0; i < blocks; i++) {
         if (wtype == 1) weight_block(x, w, 1, y, bias, M, K, N, 4 * i);
+        else if (wtype == 3) weight_block(x, w, 3, y, bias, M, K, N, 4 * i);
         else weight_block(x, w, 0, y, bias, M, K, N, 4 * i);
     }
     return 0;
@@ -128,6 +146,18 @@ void linear_f32(const float *x, const float *w, float *y, const float *bias, lon
 void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                  int threads) {
     run(x, w, 1, y, bias, M, K, N, threads);
+}
+
+/* w from quantize_int8: (N, K + 4) bytes, each row its fp32 scale then K int8 values. */
+void linear_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
+               int threads) {
+    run(x, w, 3, y, bias, M, K, N, threads);
+}
+
+/* w from pack_amx_i8; 1 when scratch memory could not be allocated. */
+int linear_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
+                  int threads) {
+    return run(x, w, 4, y, bias, M, K, N, threads);
 }
 
 /* w tiled by pack_amx; 1 when scratch memory could not be allocated. */
@@ -277,9 +307,115 @@ static int run_amx(const float *x, const uint16_t *w, float *y, const float *bia
     return 0;
 }
 
+/* ---- AMX int8 (draft models): int8 weights and int8 input rows -------------------------------------
+ *
+ * ``quantize`` (Python) gives a draft model int8 weights; with AMX-INT8 they are stored for tile
+ * multiplies (``pack_amx_i8``): per block of 16 output features, their 16 fp32 scales (64 bytes),
+ * then for each chunk of 64 input features a 16 x 64-byte tile whose row kk holds, for n = 0..15, the
+ * four values w[n][4kk .. 4kk + 3]. A block is 64 + 16 K bytes, so blocks cut and join along N like
+ * rows of a (N, K + 4) byte array. Each input row is quantised to int8 on the fly with its own scale
+ * (max |x| / 127); products accumulate exactly in int32 and are scaled once, so a row's result does
+ * not depend on the other rows of the pass. Shapes: K % 64 == 0, N % 16 == 0. */
+
+#define AMX_I8_TARGET __attribute__((target("amx-tile,amx-int8,avx512f")))
+
+void pack_amx_i8(const int8_t *q, const float *scales, int8_t *out, long N, long K) {
+    const long chunks = K / 64, block_bytes = 64 + 16 * K;
+    for (long nb = 0; nb < N / 16; nb++) {
+        int8_t *block = out + nb * block_bytes;
+        memcpy(block, scales + nb * 16, 64);
+        for (long c = 0; c < chunks; c++) {
+            int8_t *tile = block + 64 + c * 1024;
+            for (long kk = 0; kk < 16; kk++)
+                for (long n = 0; n < 16; n++)
+                    memcpy(tile + kk * 64 + 4 * n, q + (nb * 16 + n) * K + c * 64 + 4 * kk, 4);
+        }
+    }
+}
+
+#define AMX_I8_BLOCK(J)                                                                          \
+    if (J < blocks) {                                                                            \
+        _tile_loadd(7, w + (nb + J) * block_bytes + 64 + c * 1024, 64);                          \
+        _tile_dpbssd(J, 4, 7);                                                                   \
+    }
+
+AMX_I8_TARGET static void amx_i8_blocks(const int8_t *xq, const float *xs, long M, const int8_t *w, float *y,
+                                        const float *bias, long K, long N, long nb_begin, long nb_end) {
+    tile_config full, tail;
+    configure(&full, 16);
+    configure(&tail, M % 16);
+    const long chunks = K / 64, block_bytes = 64 + 16 * K, whole = M / 16 * 16;
+    int32_t acc[4][16 * 16];
+    for (long nb = nb_begin; nb < nb_end; nb += 4) {
+        const long blocks = nb_end - nb < 4 ? nb_end - nb : 4;
+        for (long m0 = 0; m0 < M; m0 += 16) {
+            const long rows = M - m0 < 16 ? M - m0 : 16;
+            if (m0 == 0 || m0 == whole) _tile_loadconfig(m0 < whole ? &full : &tail);
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (long c = 0; c < chunks; c++) {
+                _tile_loadd(4, xq + m0 * K + c * 64, K);
+                AMX_I8_BLOCK(0) AMX_I8_BLOCK(1) AMX_I8_BLOCK(2) AMX_I8_BLOCK(3)
+            }
+            if (0 < blocks) _tile_stored(0, acc[0], 64);
+            if (1 < blocks) _tile_stored(1, acc[1], 64);
+            if (2 < blocks) _tile_stored(2, acc[2], 64);
+            if (3 < blocks) _tile_stored(3, acc[3], 64);
+            for (long j = 0; j < blocks; j++) {
+                const float *ws = (const float *)(w + (nb + j) * block_bytes);
+                const long n0 = (nb + j) * 16;
+                for (long r = 0; r < rows; r++) {
+                    const float sx = xs[m0 + r];
+                    float *out = y + (m0 + r) * N + n0;
+                    for (long n = 0; n < 16; n++)
+                        out[n] = (float)acc[j][r * 16 + n] * (sx * ws[n]) + (bias ? bias[n0 + n] : 0.0f);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+/* y[M, N] = x[M, K] @ w^T (+ bias), w from pack_amx_i8. Returns 1 when scratch memory failed. */
+static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
+                      int threads) {
+    int8_t *xq = aligned_alloc(64, (M * K + 63) / 64 * 64);
+    float *xs = malloc(sizeof(float) * (M > 0 ? M : 1));
+    if (!xq || !xs) {
+        free(xq); free(xs);
+        return 1;
+    }
+    for (long m = 0; m < M; m++) {  /* each row to int8 with its own scale */
+        const float *row = x + m * K;
+        float top = 0.0f;
+        for (long k = 0; k < K; k++) top = fmaxf(top, fabsf(row[k]));
+        const float scale = top > 0.0f ? top / 127.0f : 1.0f, inverse = 1.0f / scale;
+        xs[m] = scale;
+        for (long k = 0; k < K; k++) xq[m * K + k] = (int8_t)lrintf(row[k] * inverse);
+    }
+    const long blocks = N / 16;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        const long team = omp_get_num_threads(), me = omp_get_thread_num();
+        const long per = ((blocks + team - 1) / team + 3) / 4 * 4;
+        const long begin = me * per < blocks ? me * per : blocks;
+        const long end = begin + per < blocks ? begin + per : blocks;
+        if (begin < end) amx_i8_blocks(xq, xs, M, w, y, bias, K, N, begin, end);
+    }
+    free(xq); free(xs);
+    return 0;
+}
+
 #else
 int amx_init(void) { return 0; }
 void pack_amx(const uint16_t *w, uint16_t *out, long N, long K) { (void)w; (void)out; (void)N; (void)K; }
+void pack_amx_i8(const int8_t *q, const float *scales, int8_t *out, long N, long K) {
+    (void)q; (void)scales; (void)out; (void)N; (void)K;
+}
+static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
+                      int threads) {
+    (void)x; (void)w; (void)y; (void)bias; (void)M; (void)K; (void)N; (void)threads;
+    return 1;
+}
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads) {
     (void)x; (void)w; (void)y; (void)bias; (void)M; (void)K; (void)N; (void)threads;
@@ -323,7 +459,7 @@ void rms_norm(const float *x, const float *weight, float *y, long rows, long n, 
  * on which other tokens share the call (like the projections above).
  *
  * Returns 0, or 1 when its scratch memory could not be allocated (nothing written then).
- * Weight types (see run), 2 bits each in wtypes: bits 0-1 qkv, 2-3 o, 4-5 gate|up, 6-7 down. qkv is (q | k | v) rows,
+ * Weight types (see run), 4 bits each in wtypes: bits 0-3 qkv, 4-7 o, 8-11 gate|up, 12-15 down. qkv is (q | k | v) rows,
  * gate|up is (gate | up) rows. cos/sin: (M, D) rotate-half tables already gathered per token. */
 
 static void rotate(float *v, const float *cos, const float *sin, long D) {
@@ -510,7 +646,7 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     }
 
     rms_norm(x, attn_norm, h, M, H, eps);
-    if (run(h, w_qkv, wtypes & 3, qkv, b_qkv, M, H, width, threads)) {
+    if (run(h, w_qkv, wtypes & 15, qkv, b_qkv, M, H, width, threads)) {
         status = 1;
         goto done;
     }
@@ -535,14 +671,14 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
             attend_row(qkv, att, keys, values, job / kv_heads, job % kv_heads, T, heads, kv_heads, D, max_len,
                        lengths, S, mask, scale, scores, slots, cursors);
     }
-    if (run(att, w_o, (wtypes >> 2) & 3, o, b_o, M, heads * D, H, threads)) {
+    if (run(att, w_o, (wtypes >> 4) & 15, o, b_o, M, heads * D, H, threads)) {
         status = 1;  /* the cache already holds this pass's keys and values: the caller raises */
         goto done;
     }
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
     rms_norm(x, mlp_norm, h, M, H, eps);
-    if (run(h, w_gu, (wtypes >> 4) & 3, gu, b_gu, M, H, 2 * I, threads)) {
+    if (run(h, w_gu, (wtypes >> 8) & 15, gu, b_gu, M, H, 2 * I, threads)) {
         status = 1;
         goto done;
     }
@@ -552,7 +688,7 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
             const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate)));
             _mm256_storeu_ps(act + m * I + i, _mm256_mul_ps(_mm256_div_ps(gate, sig), up));
         }
-    if (run(act, w_down, (wtypes >> 6) & 3, o, b_down, M, I, H, threads)) {
+    if (run(act, w_down, (wtypes >> 12) & 15, o, b_down, M, I, H, threads)) {
         status = 1;
         goto done;
     }

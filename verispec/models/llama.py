@@ -334,6 +334,8 @@ class LlamaForCausalLM(nn.Module):
             head.weight = nn.Parameter(self.lm_head.weight.detach()[:size], requires_grad=False)
             if isinstance(self.lm_head, kernels.SmallRowsLinear):
                 kernels.accelerate(head)
+                if self.lm_head.quantized is not None:
+                    kernels.quantize(head)
             heads[size] = head
         return head
 

@@ -35,9 +35,9 @@ def add_parser(commands) -> None:
                        help="choose gamma per round from measured round times and acceptance for the load "
                             "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
                             "batch is large; the draft catches up on what it missed only where that pays")
-    from verispec.cli import add_draft_vocab_option
+    from verispec.cli import add_draft_options
 
-    add_draft_vocab_option(serve)
+    add_draft_options(serve)
     serve.add_argument("--profile", metavar="JSON",
                        help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
                             "(verispec profile --calibrate N --out FILE) instead of climbing from 0; the "
@@ -92,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.target is not None and needs_draft and args.draft is None:
         raise VerispecError("--method chain needs --draft DIR next to --target (or use --method ngram / none)")
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
-                     backend=args.backend)
+                     backend=args.backend, draft_weights=args.draft_weights)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     profile = None
