@@ -333,17 +333,25 @@ void pack_amx_i8(const int8_t *q, const float *scales, int8_t *out, long N, long
     }
 }
 
-#define AMX_I8_BLOCK(J)                                                                          \
+/* Block J's weight tile goes to tile B (5, 6, 7, then 5 again): distinct tiles let the next load
+ * start while the previous multiply runs (one tile for all four waited on each load in turn). */
+#define AMX_I8_BLOCK(J, B)                                                                       \
     if (J < blocks) {                                                                            \
-        _tile_loadd(7, w + (nb + J) * block_bytes + 64 + c * 1024, 64);                          \
-        _tile_dpbssd(J, 4, 7);                                                                   \
+        _tile_loadd(B, w + (nb + J) * block_bytes + 64 + c * 1024, 64);                          \
+        _tile_dpbssd(J, 4, B);                                                                   \
     }
+
+/* Tiles 0-3 accumulate (rows: the chunk's), 4 holds the chunk's inputs, 5-7 weights (16 rows). */
+INLINE void configure_i8(tile_config *config, long rows) {
+    configure(config, rows);
+    config->rows[5] = config->rows[6] = 16;
+}
 
 AMX_I8_TARGET static void amx_i8_blocks(const int8_t *xq, const float *xs, long M, const int8_t *w, float *y,
                                         const float *bias, long K, long N, long nb_begin, long nb_end) {
     tile_config full, tail;
-    configure(&full, 16);
-    configure(&tail, M % 16);
+    configure_i8(&full, 16);
+    configure_i8(&tail, M % 16);
     const long chunks = K / 64, block_bytes = 64 + 16 * K, whole = M / 16 * 16;
     int32_t acc[4][16 * 16];
     for (long nb = nb_begin; nb < nb_end; nb += 4) {
@@ -354,7 +362,7 @@ AMX_I8_TARGET static void amx_i8_blocks(const int8_t *xq, const float *xs, long 
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (long c = 0; c < chunks; c++) {
                 _tile_loadd(4, xq + m0 * K + c * 64, K);
-                AMX_I8_BLOCK(0) AMX_I8_BLOCK(1) AMX_I8_BLOCK(2) AMX_I8_BLOCK(3)
+                AMX_I8_BLOCK(0, 5) AMX_I8_BLOCK(1, 6) AMX_I8_BLOCK(2, 7) AMX_I8_BLOCK(3, 5)
             }
             if (0 < blocks) _tile_stored(0, acc[0], 64);
             if (1 < blocks) _tile_stored(1, acc[1], 64);
