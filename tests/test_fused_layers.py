@@ -38,16 +38,22 @@ def _model(name: str, bf16: bool = True, seed: int = 0, layers: int = 3) -> Llam
 
 
 class Fused:
-    """Context: kernels.FUSED_LAYERS set to ``on``; counts decoder_layer calls."""
+    """Context: kernels.FUSED_LAYERS set to ``on``; counts layers run natively, whether one call per
+    layer (``decoder_layer``) or one for several (``decoder_layers``, a LayerPlan's layers)."""
 
     def __init__(self, on: bool, monkeypatch):
         self.on, self.calls = on, 0
-        original = kernels.decoder_layer
+        one, several = kernels.decoder_layer, kernels.decoder_layers
 
-        def counting(*args, **kwargs):
+        def counting_one(*args, **kwargs):
             self.calls += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(kernels, "decoder_layer", counting)
+            return one(*args, **kwargs)
+
+        def counting_several(plan, *args, **kwargs):
+            self.calls += len(plan.weights)
+            return several(plan, *args, **kwargs)
+        monkeypatch.setattr(kernels, "decoder_layer", counting_one)
+        monkeypatch.setattr(kernels, "decoder_layers", counting_several)
         self.monkeypatch = monkeypatch
 
     def __enter__(self):
@@ -286,3 +292,24 @@ def test_speculation_with_fused_layers_matches_unfused(sampling, monkeypatch):
                 plain = engine.generate(prompt, sampling, SpecConfig(method="none"), StopRules(max_tokens=30)).tokens
                 assert outputs[-1] == plain
     assert outputs[0] == outputs[1]
+
+
+def test_layers_run_in_one_native_call_unless_one_does_not_qualify(monkeypatch):
+    """All layers of a pass go to ``decoder_layers`` at once (a LayerPlan); where one layer cannot be
+    fused (here its output projection is a plain nn.Linear) the others still run natively one by one
+    and that one takes torch's path, with the same logits."""
+    model, reference = _model("gqa"), _model("gqa")
+    tokens = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(6))
+    plans = []
+    several = kernels.decoder_layers
+    monkeypatch.setattr(kernels, "decoder_layers", lambda plan, *a: plans.append(len(plan.weights)) or several(plan, *a))
+    model.forward(tokens, model.new_cache(1))
+    assert plans == [model.config.num_hidden_layers]
+    plans.clear()
+    model.model.layers[1].self_attn.o_proj.__class__ = torch.nn.Linear
+    with Fused(True, monkeypatch) as fused:
+        got = model.forward(tokens, model.new_cache(1))
+    assert plans == [] and fused.calls == model.config.num_hidden_layers - 1
+    with Fused(False, monkeypatch):
+        want = reference.forward(tokens, reference.new_cache(1))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -278,6 +278,10 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = cos.contiguous(), sin.contiguous()
             if tree_mask is not None or staged:
                 native_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device).contiguous()
+        plan = kernels.LayerPlan.for_layers(self.model.layers, start, stop) if fused else None
+        if plan is not None:  # every layer native: one call for all of them
+            kernels.decoder_layers(plan, x, cos, sin, cache, start, lengths, native_mask, num_slots)
+            return x
         torch_mask: list[torch.Tensor | None] = []  # built on the first layer that takes torch's path
         for index in range(start, stop):
             layer = self.model.layers[index]
