@@ -7,13 +7,14 @@ speedup over plain decoding = median over repeats of the per-repeat ratio.
 
 Variants: the default policy; per-request acceptance blended with more prior weight (prior_rounds
 32 instead of 8); shared acceptance only (one gamma for every request); the default seeded from a
-calibrated profile measured in this process (as `verispec serve --profile` does).
+calibrated profile measured in this process (as `verispec serve --profile` does); transformers' +2 / -1
+heuristic (``hf``), starting at 8.
 """
 import argparse, statistics, sys
 import torch
 torch.set_num_threads(1)
 from verispec import profile as profiler
-from verispec.adaptive import AdaptiveGamma
+from verispec.adaptive import AdaptiveGamma, HFHeuristicGamma
 from verispec.bench.planner_check import split_prompts
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
@@ -46,10 +47,11 @@ def seeded():
 
 
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
-            "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded}
+            "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded,
+            "hf": lambda: HFHeuristicGamma(initial=8)}
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
-specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (2, 3, 4)},
+specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
          **{name: SpecConfig(gamma=8, gamma_policy="adaptive", draft_vocab=vocab) for name in policies}}
 engines = {name: build_engine(pair, spec) for name, spec in specs.items()}
 for name, make in policies.items():
