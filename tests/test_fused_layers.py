@@ -39,11 +39,12 @@ def _model(name: str, bf16: bool = True, seed: int = 0, layers: int = 3) -> Llam
 
 class Fused:
     """Context: kernels.FUSED_LAYERS set to ``on``; counts layers run natively, whether one call per
-    layer (``decoder_layer``) or one for several (``decoder_layers``, a LayerPlan's layers)."""
+    layer (``decoder_layer``), one for several (``decoder_layers``, a LayerPlan's layers) or one for the
+    whole pass of a row (``model_pass``)."""
 
     def __init__(self, on: bool, monkeypatch):
         self.on, self.calls = on, 0
-        one, several = kernels.decoder_layer, kernels.decoder_layers
+        one, several, whole = kernels.decoder_layer, kernels.decoder_layers, kernels.model_pass
 
         def counting_one(*args, **kwargs):
             self.calls += 1
@@ -52,8 +53,13 @@ class Fused:
         def counting_several(plan, *args, **kwargs):
             self.calls += len(plan.weights)
             return several(plan, *args, **kwargs)
+
+        def counting_whole(plan, *args, **kwargs):
+            self.calls += len(plan.weights)
+            return whole(plan, *args, **kwargs)
         monkeypatch.setattr(kernels, "decoder_layer", counting_one)
         monkeypatch.setattr(kernels, "decoder_layers", counting_several)
+        monkeypatch.setattr(kernels, "model_pass", counting_whole)
         self.monkeypatch = monkeypatch
 
     def __enter__(self):
@@ -295,21 +301,23 @@ def test_speculation_with_fused_layers_matches_unfused(sampling, monkeypatch):
 
 
 def test_layers_run_in_one_native_call_unless_one_does_not_qualify(monkeypatch):
-    """All layers of a pass go to ``decoder_layers`` at once (a LayerPlan); where one layer cannot be
-    fused (here its output projection is a plain nn.Linear) the others still run natively one by one
-    and that one takes torch's path, with the same logits."""
+    """All layers of a batched pass go to ``decoder_layers`` at once (a LayerPlan; one row's pass goes
+    to ``model_pass``); where one layer cannot be fused (here its output projection is a plain
+    nn.Linear) the others still run natively one by one and that one takes torch's path, with the same
+    logits."""
     model, reference = _model("gqa"), _model("gqa")
-    tokens = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(6))
+    tokens = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(6))
     plans = []
     several = kernels.decoder_layers
     monkeypatch.setattr(kernels, "decoder_layers", lambda plan, *a: plans.append(len(plan.weights)) or several(plan, *a))
-    model.forward(tokens, model.new_cache(1))
+    model.forward(tokens, model.new_cache(2))
     assert plans == [model.config.num_hidden_layers]
     plans.clear()
     model.model.layers[1].self_attn.o_proj.__class__ = torch.nn.Linear
     with Fused(True, monkeypatch) as fused:
-        got = model.forward(tokens, model.new_cache(1))
-    assert plans == [] and fused.calls == model.config.num_hidden_layers - 1
+        got = model.forward(tokens, model.new_cache(2))
+        model.forward(tokens[:1], model.new_cache(1))  # one row: no plan, so no one-call pass either
+    assert plans == [] and fused.calls == 2 * (model.config.num_hidden_layers - 1)
     with Fused(False, monkeypatch):
-        want = reference.forward(tokens, reference.new_cache(1))
+        want = reference.forward(tokens, reference.new_cache(2))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

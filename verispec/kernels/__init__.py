@@ -142,6 +142,12 @@ def library() -> ctypes.CDLL | None:
     lib.decoder_layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
                                   + [ctypes.c_void_p] * 10 + [ctypes.c_int] + [ctypes.c_void_p] * 4
                                   + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
+    lib.model_pass.restype = ctypes.c_int
+    lib.model_pass.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 6
+                               + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
+                               + [ctypes.c_long] * 2 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+                                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,
+                                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int])
     lib.decoder_layers.restype = ctypes.c_int
     lib.decoder_layers.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
                                    + [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
@@ -502,6 +508,10 @@ class LayerPlan:
                 and all(type(layer) is SmallRowsLinear and layer.packed is packed and layer.quantized is quantized
                         for layer, packed, quantized in self.singles))
 
+    def array_for(self, rows: int):
+        """The C array for a pass of ``rows`` rows: the int8 weights where quantized and within their rows."""
+        return self.array_int8 if self.array_int8 is not None and rows <= self.rows_int8 else self.array
+
     @staticmethod
     def for_layers(layers: nn.ModuleList, start: int, stop: int) -> "LayerPlan | None":
         """The plan for layers start..stop-1, remembered on ``layers``; None where a layer does not
@@ -524,7 +534,7 @@ def decoder_layers(plan: LayerPlan, x: torch.Tensor, cos: torch.Tensor, sin: tor
     """``decoder_layer`` for each of the plan's layers (cache layers start, start + 1, ...) in one call."""
     batch, num_new, hidden = x.shape
     heads, kv_heads, head_dim, intermediate = plan.shape
-    array = plan.array_int8 if plan.array_int8 is not None and batch * num_new <= plan.rows_int8 else plan.array
+    array = plan.array_for(batch * num_new)
     keys, values = cache.keys, cache.values
     failed = library().decoder_layers(x.data_ptr(), batch, num_new, hidden, heads, kv_heads, head_dim, intermediate,
                                       plan.eps, ctypes.addressof(array), len(plan.weights), cos.data_ptr(),
@@ -542,6 +552,12 @@ def fused_applies(x: torch.Tensor, cache) -> bool:
     keys = getattr(cache, "keys", None)
     if keys is None or not _few_rows(x, x.shape[-1], limit=max_fused()) or x.shape[-1] % 8 or library() is None:
         return False
+    return _cache_fits(cache)
+
+
+def _cache_fits(cache) -> bool:
+    """The cache's KV tensors are fp32 CPU rows laid out (B, Hkv, S, D) per layer, one stride per layer."""
+    keys = cache.keys
     known = cache.__dict__.get("_fused_layout")  # the cache's tensors never change: check their layout once
     if known is not None and known[0] is keys and known[1] is cache.values:
         return known[2]
@@ -549,6 +565,47 @@ def fused_applies(x: torch.Tensor, cache) -> bool:
     fits = _cache_layout_fits(keys, cache.values, layer_keys, layer_values)
     cache.__dict__["_fused_layout"] = (keys, cache.values, fits)
     return fits
+
+
+WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int16: 2, torch.int8: 3, torch.uint8: 4}  # C's wtype
+
+
+def head_weight(head: nn.Module, rows: int) -> torch.Tensor | None:
+    """The weight ``head`` (an LM head) multiplies ``rows`` rows with in its own forward, for
+    ``model_pass``: its int8 or packed weight; None where its forward would repack first, add a bias
+    or take torch's path."""
+    if type(head) is not SmallRowsLinear or head.bias is not None or head.weight._version != head.packed_version:
+        return None
+    if head.quantized is not None and rows <= rows_for(head.quantized):
+        return head.quantized
+    return head.packed if rows <= rows_for(head.packed) else None
+
+
+def model_pass(plan: LayerPlan, tokens: torch.Tensor, embedding: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, cache, final_norm: nn.Module, head: torch.Tensor, vocab: int,
+               last_only: bool) -> torch.Tensor:
+    """One row's pass in one call (``model_pass`` in the C source): tokens (T,) int64 after the row's
+    committed slots, the embedding table (V, H) fp32, the plan's layers, ``final_norm`` and the head
+    weight from ``head_weight`` (its first head.shape[0] ids; the rest of ``vocab`` get -inf). Logits
+    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``_cache_fits`` and the
+    rows (at most ``max_fused()``)."""
+    num_new, hidden = tokens.shape[0], embedding.shape[1]
+    heads, kv_heads, head_dim, intermediate = plan.shape
+    rows = 1 if last_only else num_new
+    logits = torch.empty(1, rows, vocab, dtype=torch.float32)
+    keys, values = cache.keys, cache.values
+    lengths = torch.tensor(cache.lengths)
+    status = library().model_pass(
+        tokens.data_ptr(), num_new, embedding.data_ptr(), embedding.shape[0], hidden, heads, kv_heads, head_dim,
+        intermediate, plan.eps, ctypes.addressof(plan.array_for(num_new)), len(plan.weights), cos.data_ptr(),
+        sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), cache.max_len, lengths.data_ptr(),
+        cache.lengths[0] + num_new, final_norm.weight.data_ptr(), final_norm.eps, head.data_ptr(),
+        WEIGHT_TYPES[head.dtype], head.shape[0], vocab, int(last_only), logits.data_ptr(), torch.get_num_threads())
+    if status == 2:
+        raise IndexError(f"a token id is outside the embedding's {embedding.shape[0]} rows")
+    if status:
+        raise MemoryError(f"a one-call model pass could not allocate scratch memory for {num_new} tokens")
+    return logits
 
 
 def _cache_layout_fits(keys: torch.Tensor, values: torch.Tensor, layer_keys: torch.Tensor,
