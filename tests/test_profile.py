@@ -179,3 +179,16 @@ def test_planner_never_prefers_a_gamma_for_a_dip_in_the_profile():
     verify = [p.cycle_ms - p.gamma * 1.0 - 0.1 for p in plans[1:]]
     assert all(a <= b + 1e-9 for a, b in zip(verify, verify[1:]))
     assert plans[1].cycle_ms == pytest.approx(1.0 + 8.3 + 0.1)
+
+
+def test_the_draft_step_is_timed_as_the_drafter_takes_it(checkpoints, monkeypatch):
+    """One token, the last position's logits only, and only the ids the drafter may propose."""
+    target, draft = load_checkpoint(checkpoints["llama"]), load_checkpoint(checkpoints["draft"])
+    seen = []
+    real = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda tokens, cache, **kwargs: seen.append((tokens.shape, kwargs))
+                        or real(tokens, cache, **kwargs))
+    data = profile(target, draft, context=8, max_positions=2, repeats=2, tree_shapes=(), draft_vocab=40)
+    assert data["draft_vocab"] == 40
+    timed = [kwargs for shape, kwargs in seen if shape == (1, 1)]
+    assert timed and all(kwargs == {"last_only": True, "vocab_limit": 40} for kwargs in timed)

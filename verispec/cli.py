@@ -359,7 +359,9 @@ def _run_profile(args) -> int:
     pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend,
                      draft_weights=args.draft_weights)
     bar = lambda items: tqdm(items, desc="verify curve", unit="pass", file=sys.stderr)
-    data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar)
+    vocab = resolve_draft_vocab(pair, args.draft_vocab) if pair.draft is not None else None
+    data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar,
+                            draft_vocab=vocab)
     data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)
     if args.calibrate:
         from verispec.config import SpecConfig
@@ -367,8 +369,7 @@ def _run_profile(args) -> int:
 
         prompts = [pair.tokenizer.encode(p, add_special_tokens=False)
                    for items in demo_prompts(args.calibrate).values() for p in items]
-        engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma,
-                                               draft_vocab=resolve_draft_vocab(pair, args.draft_vocab)))
+        engine = build_engine(pair, SpecConfig(gamma=args.calibrate_gamma, draft_vocab=vocab))
         data["calibration"] = profiler.calibrate(engine, prompts, args.calibrate_gamma, 64,
                                                  plain_engine=build_engine(pair, SpecConfig(method="none")))
     profiler.save(data, args.out)

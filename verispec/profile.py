@@ -6,7 +6,8 @@ Measured (medians of interleaved repeats, milliseconds):
 - ``decode_ms``: one target forward of 1 new token after a ``context``-token prefix (plain decoding);
 - ``verify_ms[n]``: one target forward of n new positions (a chain), n = 1..max_positions;
 - ``tree_verify_ms[shape]``: one forward of a static tree shape with its ancestor mask;
-- ``draft_ms``: one draft-model forward of 1 token (cost per proposed token);
+- ``draft_ms``: one draft-model step of 1 token as the drafter takes it (the last position's logits,
+  only ids < ``draft_vocab`` when given): the cost per proposed token;
 - ``state_ms``: cache bookkeeping of a round (commit / rollback; compaction of a scattered tree path);
 - ``calibration`` (optional): per-position conditional acceptance of the draft on held-out prompts,
   measured with the engine at ``max gamma`` (not an iid assumption), and the same runs' in-situ costs
@@ -59,13 +60,14 @@ def _prefilled_cache(model: LlamaForCausalLM, context: int, extra: int):
 
 
 def measure_forward_ms(model: LlamaForCausalLM, positions: int, context: int, repeats: int,
-                       tree: TokenTree | None = None) -> float:
-    """Median ms of one forward over ``positions`` new tokens after ``context`` committed ones."""
-    return measure_interleaved(model, {"unit": (positions, tree)}, context, repeats)["unit"]
+                       tree: TokenTree | None = None, **forward_kwargs) -> float:
+    """Median ms of one forward over ``positions`` new tokens after ``context`` committed ones;
+    ``forward_kwargs`` (e.g. last_only, vocab_limit) go to every forward."""
+    return measure_interleaved(model, {"unit": (positions, tree)}, context, repeats, forward=forward_kwargs)["unit"]
 
 
 def measure_interleaved(model: LlamaForCausalLM, units: dict[str, tuple[int, TokenTree | None]], context: int,
-                        repeats: int, progress=None) -> dict[str, float]:
+                        repeats: int, progress=None, forward: dict | None = None) -> dict[str, float]:
     """Median ms of one forward per unit (name -> (new positions, tree or None for a chain)), all after
     the same ``context``-token prefix. Every pass times each unit once, in an order rotated per pass,
     so slow drifts of the machine (frequency, cache contents, other jobs) hit every unit alike instead
@@ -75,7 +77,7 @@ def measure_interleaved(model: LlamaForCausalLM, units: dict[str, tuple[int, Tok
     calls = {}
     for name, (positions, tree) in units.items():
         tokens = torch.randint(0, model.config.vocab_size, (1, positions))
-        kwargs = {}
+        kwargs = dict(forward or {})
         if tree is not None:
             buffers = tree.compile()
             kwargs = {"tree_mask": buffers.ancestor_mask, "depths": buffers.depths}
@@ -225,7 +227,7 @@ def in_situ_costs(rounds, gamma: int, spec_stats, plain_stats) -> dict:
 
 def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: int = 128,
             max_positions: int = 32, repeats: int = 15, tree_shapes=DEFAULT_TREE_SHAPES,
-            progress=None) -> dict:
+            progress=None, draft_vocab: int | None = None) -> dict:
     steps = list(range(1, max_positions + 1))
     from verispec import kernels
 
@@ -239,8 +241,10 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
     result["verify_ms"] = {str(n): measured[str(n)] for n in steps}
     result["tree_verify_ms"] = {name: measured[name] for name in tree_shapes}
     result["decode_ms"] = result["verify_ms"]["1"]
-    if draft is not None:
-        result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats)
+    if draft is not None:  # one draft step as the drafter takes it: the last position's logits, its ids
+        limit = {"vocab_limit": draft_vocab} if draft_vocab is not None else {}
+        result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats, last_only=True, **limit)
+        result["draft_vocab"] = draft_vocab
     result.update(measure_state_ms(target, context, repeats))
     result["state_ms"] = result["chain_commit_ms"]
     return result

@@ -30,7 +30,7 @@ pair = load_pair()
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, pair.target.config.max_context - 80)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=args.max_tokens, ignore_eos=True)
-data = profiler.profile(pair.target, pair.draft, max_positions=9, repeats=11, tree_shapes=())
+data = profiler.profile(pair.target, pair.draft, max_positions=9, repeats=11, tree_shapes=(), draft_vocab=vocab)
 data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=8, draft_vocab=vocab)), calibration, 8, args.max_tokens,
                                          plain_engine=build_engine(pair, SpecConfig(method="none")))
 

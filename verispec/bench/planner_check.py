@@ -205,13 +205,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     pair = load_pair(args.target, args.draft, draft_weights=args.draft_weights)
     gammas = list(range(1, args.max_gamma + 1))
+    vocab = resolve_draft_vocab(pair, args.draft_vocab)
     data = profiler.profile(pair.target, pair.draft, max_positions=args.max_gamma + 1,
-                            repeats=args.profile_repeats, tree_shapes=())
+                            repeats=args.profile_repeats, tree_shapes=(), draft_vocab=vocab)
     room = pair.target.config.max_context - args.max_tokens - args.max_gamma - 1
     evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, room)
     if not calibration:
         parser.error("no held-out prompts left for calibration; lower --prompts")
-    vocab = resolve_draft_vocab(pair, args.draft_vocab)
     data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma,
                                                                            draft_vocab=vocab)),
                                              calibration, args.calibrate_gamma, args.max_tokens,
