@@ -216,7 +216,9 @@ class BatchEngine:
         width = max(len(u) for u in unseen)
         fed = torch.tensor([u + [u[-1]] * (width - len(u)) for u in unseen])  # pad at the end (never committed)
         ends = torch.tensor([len(u) - 1 for u in unseen])
-        if hasattr(self.draft, "run_layers"):  # native: the LM head only at each row's last fed token
+        if hasattr(self.draft, "run_layers") and len(unseen) == 1:  # one row: its pass in one native call
+            last = self.draft.forward(fed, view, last_only=True, **self.head)[:, -1].cpu()  # (1, V)
+        elif hasattr(self.draft, "run_layers"):  # native: the LM head only at each row's last fed token
             with torch.inference_mode():
                 config = self.draft.config
                 hidden = self.draft.run_layers(self.draft.embed(fed), view, 0, config.num_hidden_layers)
