@@ -62,8 +62,10 @@ MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one 
 # With AMX tiles the fused pass won every shape up to 128 rows (0.52-0.89 of the per-op time at 150- and
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
 MAX_FUSED_AMX = 128
-# Quantized (draft) models use their int8 rows for passes of up to this many rows, their bf16 weights
-# beyond: the int8 loop is bound by reading the weights at 1-2 rows and by arithmetic beyond.
+# Without AMX-INT8, quantized (draft) models use their int8 rows on the AVX2 loop for passes of up to this
+# many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes (a draft step's
+# linears in sequence: 158 against 190 us for bf16 on the Xeon's AVX2 loop); with the weights in cache
+# the two cost the same at 1-8 rows (the int8 values take extra conversions), so more rows gain nothing.
 INT8_ROWS = 4
 
 _reason = "not built yet"
@@ -269,7 +271,7 @@ def quantize_int8(weight: torch.Tensor) -> torch.Tensor:
 class SmallRowsLinear(nn.Linear):
     """An nn.Linear (same parameters and state dict) whose few-row inference calls use the kernel.
     Made by ``accelerate``, which sets ``packed``: the weight as bf16 when that is exact, else fp32.
-    ``quantize`` adds ``quantized`` (int8 rows, ``quantize_int8``), used for up to INT8_ROWS rows."""
+    ``quantize`` adds ``quantized`` (``quantize_int8``), used for the passes its format takes (``rows_for``)."""
 
     packed: torch.Tensor
     packed_version: int
