@@ -8,7 +8,8 @@ speedup over plain decoding = median over repeats of the per-repeat ratio.
 Variants: the default policy; per-request acceptance blended with more prior weight (prior_rounds
 32 instead of 8); shared acceptance only (one gamma for every request); the default seeded from a
 calibrated profile measured in this process (as `verispec serve --profile` does); transformers' +2 / -1
-heuristic (``hf``), starting at 8.
+heuristic (``hf``), starting at 8; the default policy's bookkeeping with its choice pinned to gamma 4
+(``pinned4``: against ``gamma4``, what the policy's own Python costs per round).
 """
 import argparse, statistics, sys
 import torch
@@ -35,6 +36,12 @@ data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=8, 
                                          plain_engine=build_engine(pair, SpecConfig(method="none")))
 
 
+class Pinned4(AdaptiveGamma):
+    def choose(self, batch_size, request=None):
+        super().choose(batch_size, request)
+        return 4
+
+
 class SharedOnly(AdaptiveGamma):
     def choose(self, batch_size, request=None):
         return super().choose(batch_size, None)
@@ -48,7 +55,7 @@ def seeded():
 
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded,
-            "hf": lambda: HFHeuristicGamma(initial=8)}
+            "hf": lambda: HFHeuristicGamma(initial=8), "pinned4": lambda: Pinned4(max_gamma=8)}
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
