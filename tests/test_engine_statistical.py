@@ -98,6 +98,35 @@ def test_a_draft_limited_to_part_of_the_vocabulary_stays_lossless(tiny_pair, sam
     assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
 
 
+@pytest.fixture(scope="module")
+def int8_draft(tmp_path_factory):
+    """A draft quantized to int8 (``kernels.quantize``): hidden 64, so its layers take AMX-INT8 tiles
+    where the CPU has them, and its 4-row head the int8 rows of the AVX2 loop."""
+    from verispec import kernels
+
+    if kernels.library() is None:
+        pytest.skip(f"no kernel to quantize for here: {kernels.status()}")
+    root = tmp_path_factory.mktemp("int8")
+    draft = load_checkpoint(make_checkpoint(root / "d", VOCAB, hidden=64, layers=1, heads=4, kv_heads=2, seed=23))
+    plain = load_checkpoint(make_checkpoint(root / "p", VOCAB, hidden=64, layers=1, heads=4, kv_heads=2, seed=23))
+    assert kernels.quantize(draft) > 0
+    cache, plain_cache = draft.new_cache(1), plain.new_cache(1)
+    with torch.inference_mode():
+        quantized = draft(torch.tensor([PROMPT]), cache, last_only=True)
+        floats = plain(torch.tensor([PROMPT]), plain_cache, last_only=True)
+    assert not torch.equal(quantized, floats)  # the draft's q really is the quantized model's
+    return draft
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_an_int8_draft_stays_lossless(tiny_pair, int8_draft, sampling):
+    """Quantizing the draft changes what it proposes, never what is committed."""
+    target, _ = tiny_pair
+    expected = exact_target_distribution(target, sampling)
+    p_value, tv, bound = agreement(expected, sample_sequences(target, int8_draft, sampling))
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
 def test_broken_verifier_fails_the_same_test(tiny_pair, monkeypatch):
     target, draft = tiny_pair
     sampling = SETTINGS[0]
