@@ -37,6 +37,7 @@ import torch
 from verispec import costmodel
 from verispec.adaptive import CycleGamma, FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules, TreeShape
+from verispec.drafters.base import head_args
 from verispec.models.llama import LlamaForCausalLM
 from verispec.tree import TokenTree
 
@@ -80,7 +81,7 @@ def measure_interleaved(model: LlamaForCausalLM, units: dict[str, tuple[int, Tok
         kwargs = dict(forward or {})
         if tree is not None:
             buffers = tree.compile()
-            kwargs = {"tree_mask": buffers.ancestor_mask, "depths": buffers.depths}
+            kwargs.update(tree_mask=buffers.ancestor_mask, depths=buffers.depths)
         calls[name] = (tokens, kwargs)
         model.forward(tokens, cache, **kwargs)  # warm-up (nothing is committed)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -242,8 +243,7 @@ def profile(target: LlamaForCausalLM, draft: LlamaForCausalLM | None, context: i
     result["tree_verify_ms"] = {name: measured[name] for name in tree_shapes}
     result["decode_ms"] = result["verify_ms"]["1"]
     if draft is not None:  # one draft step as the drafter takes it: the last position's logits, its ids
-        limit = {"vocab_limit": draft_vocab} if draft_vocab is not None else {}
-        result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats, last_only=True, **limit)
+        result["draft_ms"] = measure_forward_ms(draft, 1, context, repeats, last_only=True, **head_args(draft_vocab))
         result["draft_vocab"] = draft_vocab
     result.update(measure_state_ms(target, context, repeats))
     result["state_ms"] = result["chain_commit_ms"]

@@ -63,9 +63,10 @@ MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one 
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
 MAX_FUSED_AMX = 128
 # Without AMX-INT8, quantized (draft) models use their int8 rows on the AVX2 loop for passes of up to this
-# many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes (a draft step's
-# linears in sequence: 158 against 190 us for bf16 on the Xeon's AVX2 loop); with the weights in cache
-# the two cost the same at 1-8 rows (the int8 values take extra conversions), so more rows gain nothing.
+# many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes (the draft's nine
+# linears in sequence: 147-152 against 189-190 us for bf16 on the Xeon's AVX2 loop,
+# docs/experiments/draft_step_pieces.py); with the weights in cache the two cost the same at 1-8 rows
+# (the int8 values take extra conversions), so more rows gain nothing.
 INT8_ROWS = 4
 
 _reason = "not built yet"
@@ -210,6 +211,12 @@ def rows_for(packed: torch.Tensor) -> int:
     return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else MAX_ROWS
 
 
+def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """The weight a pass of ``rows`` rows multiplies with: the int8 one (``quantize``) when there is one
+    and its format takes that many rows (``rows_for``), else the packed one."""
+    return quantized if quantized is not None and rows <= rows_for(quantized) else packed
+
+
 def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor, limit: int | None = None) -> bool:
     """The kernel's domain: at most MAX_ROWS (or ``limit``) rows of ``width`` fp32 values on the CPU,
     no autograd."""
@@ -282,9 +289,7 @@ class SmallRowsLinear(nn.Linear):
         if _few_rows(x, self.in_features, self.weight, limit=rows_for(self.packed)):
             if self.weight._version != self.packed_version:  # weights edited in place since packing
                 self._pack()
-            if self.quantized is not None and x.numel() <= rows_for(self.quantized) * self.in_features:
-                return linear(x, self.quantized, self.bias)
-            return linear(x, self.packed, self.bias)
+            return linear(x, weight_for_rows(self.packed, self.quantized, x.numel() // self.in_features), self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def _pack(self) -> None:
@@ -319,12 +324,6 @@ class Group:
         return (all(isinstance(layer, SmallRowsLinear) for layer in layers)
                 and len({(layer.in_features, layer.packed.dtype, layer.bias is None) for layer in layers}) == 1)
 
-    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
-        """The int8 weights when quantized and the pass is within their rows (``rows_for``), else the packed."""
-        if self.quantized is not None and x.numel() <= rows_for(self.quantized) * self.layers[0].in_features:
-            return self.quantized
-        return self.packed
-
     def current(self) -> bool:
         """No member was repacked or had its weight or bias edited in place since grouping."""
         return all(layer.group is self and layer.weight._version == layer.packed_version
@@ -346,7 +345,7 @@ def projections(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]
     """``tuple(layer(x) for layer in layers)``, in one kernel call when ``accelerate`` grouped them."""
     group = _ready_group(x, layers)
     if group is not None:
-        return linear(x, group.weight_for(x), group.bias).split(group.sizes, dim=-1)
+        return linear(x, weight_for_rows(group.packed, group.quantized, x.numel() // layers[0].in_features), group.bias).split(group.sizes, dim=-1)
     return tuple(layer(x) for layer in layers)
 
 
@@ -354,7 +353,7 @@ def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
     """``torch.cat([layer(x) for layer in layers], -1)``, in one kernel call (no copy) when grouped."""
     group = _ready_group(x, layers)
     if group is not None:
-        return linear(x, group.weight_for(x), group.bias)
+        return linear(x, weight_for_rows(group.packed, group.quantized, x.numel() // layers[0].in_features), group.bias)
     return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
@@ -483,8 +482,8 @@ class _LayerArgs(ctypes.Structure):
 class LayerPlan:
     """Consecutive decoder layers run by one ``decoder_layers`` call: their LayerWeights (each current,
     all of one shape) and the C arrays of their pointers, packed and (when quantized) int8. A pass of a
-    few rows otherwise paid Python's dispatch per layer: the embedded draft's two layers took 131 us
-    in ``run_layers`` against 70 us of native calls."""
+    few rows otherwise paid Python's dispatch per layer (weight checks, a 28-argument ctypes call):
+    10-20 us a layer on the Xeon, by line profiling when this was written."""
 
     def __init__(self, weights: list[LayerWeights]):
         self.weights = weights
@@ -554,10 +553,10 @@ def fused_applies(x: torch.Tensor, cache) -> bool:
     keys = getattr(cache, "keys", None)
     if keys is None or not _few_rows(x, x.shape[-1], limit=max_fused()) or x.shape[-1] % 8 or library() is None:
         return False
-    return _cache_fits(cache)
+    return cache_fits(cache)
 
 
-def _cache_fits(cache) -> bool:
+def cache_fits(cache) -> bool:
     """The cache's KV tensors are fp32 CPU rows laid out (B, Hkv, S, D) per layer, one stride per layer."""
     keys = cache.keys
     known = cache.__dict__.get("_fused_layout")  # the cache's tensors never change: check their layout once
@@ -578,9 +577,9 @@ def head_weight(head: nn.Module, rows: int) -> torch.Tensor | None:
     or take torch's path."""
     if type(head) is not SmallRowsLinear or head.bias is not None or head.weight._version != head.packed_version:
         return None
-    if head.quantized is not None and rows <= rows_for(head.quantized):
-        return head.quantized
-    return head.packed if rows <= rows_for(head.packed) else None
+    if rows > max(rows_for(head.packed), rows_for(head.quantized) if head.quantized is not None else 0):
+        return None
+    return weight_for_rows(head.packed, head.quantized, rows)
 
 
 def model_pass(plan: LayerPlan, tokens: torch.Tensor, embedding: torch.Tensor, cos: torch.Tensor,
@@ -589,7 +588,7 @@ def model_pass(plan: LayerPlan, tokens: torch.Tensor, embedding: torch.Tensor, c
     """One row's pass in one call (``model_pass`` in the C source): tokens (T,) int64 after the row's
     committed slots, the embedding table (V, H) fp32, the plan's layers, ``final_norm`` and the head
     weight from ``head_weight`` (its first head.shape[0] ids; the rest of ``vocab`` get -inf). Logits
-    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``_cache_fits`` and the
+    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``cache_fits`` and the
     rows (at most ``max_fused()``)."""
     num_new, hidden = tokens.shape[0], embedding.shape[1]
     heads, kv_heads, head_dim, intermediate = plan.shape

@@ -235,6 +235,14 @@ static void split3(const float *x, uint16_t *parts, long rows, long K) {
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
 
+/* The calling OpenMP thread's share of ``blocks`` output blocks of 16: whole groups of 4 blocks. */
+static void my_blocks(long blocks, long *begin, long *end) {
+    const long team = omp_get_num_threads(), me = omp_get_thread_num();
+    const long per = ((blocks + team - 1) / team + 3) / 4 * 4;
+    *begin = me * per < blocks ? me * per : blocks;
+    *end = *begin + per < blocks ? *begin + per : blocks;
+}
+
 /* Up to 4 blocks of 16 outputs (tiles 0-3) for one chunk of <= 16 rows: A parts in tiles 4-6, B in 7. */
 #define AMX_BLOCK(J)                                                                             \
     if (J < blocks) {                                                                            \
@@ -294,10 +302,8 @@ static int run_amx(const float *x, const uint16_t *w, float *y, const float *bia
     const long blocks = N / 16;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        const long team = omp_get_num_threads(), me = omp_get_thread_num();
-        const long per = ((blocks + team - 1) / team + 3) / 4 * 4;  /* whole groups of 4 blocks */
-        const long begin = me * per < blocks ? me * per : blocks;
-        const long end = begin + per < blocks ? begin + per : blocks;
+        long begin, end;
+        my_blocks(blocks, &begin, &end);
         if (begin < end) amx_blocks(parts, M, w, y, K, N, begin, end);
     }
     free(parts);
@@ -403,10 +409,8 @@ static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bi
     const long blocks = N / 16;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        const long team = omp_get_num_threads(), me = omp_get_thread_num();
-        const long per = ((blocks + team - 1) / team + 3) / 4 * 4;
-        const long begin = me * per < blocks ? me * per : blocks;
-        const long end = begin + per < blocks ? begin + per : blocks;
+        long begin, end;
+        my_blocks(blocks, &begin, &end);
         if (begin < end) amx_i8_blocks(xq, xs, M, w, y, bias, K, N, begin, end);
     }
     free(xq); free(xs);

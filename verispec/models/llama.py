@@ -251,15 +251,16 @@ class LlamaForCausalLM(nn.Module):
     def _one_call(self, tokens: torch.Tensor, cache: KVCache, last_only: bool,
                   vocab_limit: int | None) -> torch.Tensor | None:
         """One row's whole pass as one native call (``kernels.model_pass``: embedding, every layer,
-        final norm, LM head), the same arithmetic as the steps below without their Python dispatch:
-        a draft step with the 2048-id head went 0.25 -> 0.19 ms on the Xeon, a target decode step
-        1.71 -> 1.64 ms. None where a step would not take the kernel (then the caller runs the steps)."""
+        final norm, LM head), the same arithmetic as the steps below without their Python dispatch.
+        On the Xeon a draft step with the 2048-id head takes 174-179 us against 236-238 us piece by
+        piece, a target decode step 1.61 against 1.71-1.72 ms (docs/experiments/draft_step_pieces.py).
+        None where a step would not take the kernel (then the caller runs the steps)."""
         num_new = tokens.shape[0]
         embedding = self.model.embed_tokens.weight
         if (not kernels.FUSED_LAYERS or num_new > kernels.max_fused() or tokens.is_cuda or tokens.dtype != torch.long
                 or embedding.dtype != torch.float32 or not embedding.is_contiguous() or self.config.hidden_size % 8
                 or self.model.norm.weight.dtype != torch.float32 or kernels.library() is None
-                or getattr(cache, "keys", None) is None or not kernels._cache_fits(cache)):
+                or getattr(cache, "keys", None) is None or not kernels.cache_fits(cache)):
             return None
         plan = kernels.LayerPlan.for_layers(self.model.layers, 0, len(self.model.layers))
         limited = vocab_limit is not None and vocab_limit < self.config.vocab_size
