@@ -550,13 +550,16 @@ def decoder_layers(plan: LayerPlan, x: torch.Tensor, cos: torch.Tensor, sin: tor
 def fused_applies(x: torch.Tensor, cache) -> bool:
     """Whether ``decoder_layer`` can run a pass over x (B, T, H) with this cache: few fp32 CPU rows
     without autograd, a KV cache of fp32 rows laid out (B, Hkv, S, D) per layer, and the library."""
-    keys = getattr(cache, "keys", None)
-    if keys is None or not _few_rows(x, x.shape[-1], limit=max_fused()) or x.shape[-1] % 8 or library() is None:
-        return False
-    return cache_fits(cache)
+    return _few_rows(x, x.shape[-1], limit=max_fused()) and pass_fits(x.shape[-1], cache)
 
 
-def cache_fits(cache) -> bool:
+def pass_fits(width: int, cache) -> bool:
+    """The pass-independent half of ``fused_applies``: the library, a width of whole 8-value lanes, and
+    a cache the native layers can write (``_cache_fits``). The rows and their dtype are the caller's."""
+    return width % 8 == 0 and library() is not None and getattr(cache, "keys", None) is not None and _cache_fits(cache)
+
+
+def _cache_fits(cache) -> bool:
     """The cache's KV tensors are fp32 CPU rows laid out (B, Hkv, S, D) per layer, one stride per layer."""
     keys = cache.keys
     known = cache.__dict__.get("_fused_layout")  # the cache's tensors never change: check their layout once
@@ -588,7 +591,7 @@ def model_pass(plan: LayerPlan, tokens: torch.Tensor, embedding: torch.Tensor, c
     """One row's pass in one call (``model_pass`` in the C source): tokens (T,) int64 after the row's
     committed slots, the embedding table (V, H) fp32, the plan's layers, ``final_norm`` and the head
     weight from ``head_weight`` (its first head.shape[0] ids; the rest of ``vocab`` get -inf). Logits
-    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``cache_fits`` and the
+    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``pass_fits`` and the
     rows (at most ``max_fused()``)."""
     num_new, hidden = tokens.shape[0], embedding.shape[1]
     heads, kv_heads, head_dim, intermediate = plan.shape

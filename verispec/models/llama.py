@@ -258,9 +258,8 @@ class LlamaForCausalLM(nn.Module):
         num_new = tokens.shape[0]
         embedding = self.model.embed_tokens.weight
         if (not kernels.FUSED_LAYERS or num_new > kernels.max_fused() or tokens.is_cuda or tokens.dtype != torch.long
-                or embedding.dtype != torch.float32 or not embedding.is_contiguous() or self.config.hidden_size % 8
-                or self.model.norm.weight.dtype != torch.float32 or kernels.library() is None
-                or getattr(cache, "keys", None) is None or not kernels.cache_fits(cache)):
+                or embedding.dtype != torch.float32 or not embedding.is_contiguous()
+                or self.model.norm.weight.dtype != torch.float32 or not kernels.pass_fits(self.config.hidden_size, cache)):
             return None
         plan = kernels.LayerPlan.for_layers(self.model.layers, 0, len(self.model.layers))
         limited = vocab_limit is not None and vocab_limit < self.config.vocab_size
