@@ -9,7 +9,11 @@ Variants: the default policy; per-request acceptance blended with more prior wei
 32 instead of 8); shared acceptance only (one gamma for every request); the default seeded from a
 calibrated profile measured in this process (as `verispec serve --profile` does); transformers' +2 / -1
 heuristic (``hf``), starting at 8; the default policy's bookkeeping with its choice pinned to gamma 4
-(``pinned4``: against ``gamma4``, what the policy's own Python costs per round).
+(``pinned4``: against ``gamma4``, what the policy's own Python costs per round). With --hf-like, the
+attempts to give the policy HF's depth after fully accepted rounds: ``up1`` / ``up2`` (one or two
+candidates above its choice right after one), ``hf_inside`` (HF's +2 / -1 per request, started at the
+policy's choice; the policy decides only between plain decoding and speculation) and
+``hf_inside_global`` (the same with HF's state kept across requests, within [1, 16]).
 """
 import argparse, statistics, sys
 import torch
@@ -25,6 +29,7 @@ ap.add_argument("--prompts", type=int, default=4)
 ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--priors", default="", help="more variants: the default policy with these prior_rounds, e.g. 2,4")
+ap.add_argument("--hf-like", action="store_true", help="more variants: up1, up2, hf_inside, hf_inside_global")
 args = ap.parse_args()
 
 pair = load_pair()
@@ -42,6 +47,46 @@ class Pinned4(AdaptiveGamma):
         return 4
 
 
+class AfterFull(AdaptiveGamma):
+    """At batch 1, the policy's choice moved ``steps`` candidates up right after a fully accepted round."""
+
+    def __init__(self, steps: int, **kwargs):
+        super().__init__(**kwargs)
+        self.steps, self.last_full = steps, False
+
+    def observe(self, batch_size, gamma, seconds, accepted, drafted):
+        super().observe(batch_size, gamma, seconds, accepted, drafted)
+        self.last_full = batch_size == 1 and bool(drafted[0]) and accepted[0] == drafted[0]
+
+    def choose(self, batch_size, request=None):
+        gamma = super().choose(batch_size, request)
+        if batch_size == 1 and gamma and self.last_full and gamma in self.candidates:
+            return self.candidates[min(self.candidates.index(gamma) + self.steps, len(self.candidates) - 1)]
+        return gamma
+
+
+class HFInside(AdaptiveGamma):
+    """The policy decides plain decoding or speculation (and every batch > 1); at batch 1 the depth follows
+    HF's +2 / -1, from the policy's choice at each new request, or (``keep``) carried across requests."""
+
+    def __init__(self, keep: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.keep, self.request, self.depth = keep, None, 8
+
+    def choose(self, batch_size, request=None):
+        gamma = super().choose(batch_size, request)
+        if batch_size != 1 or not gamma:
+            return gamma
+        if not self.keep and request is not self.request:
+            self.request, self.depth = request, gamma
+        return self.depth
+
+    def observe(self, batch_size, gamma, seconds, accepted, drafted):
+        super().observe(batch_size, gamma, seconds, accepted, drafted)
+        if batch_size == 1 and drafted[0]:
+            self.depth = min(16, self.depth + 2) if accepted[0] == drafted[0] else max(1, self.depth - 1)
+
+
 class SharedOnly(AdaptiveGamma):
     def choose(self, batch_size, request=None):
         return super().choose(batch_size, None)
@@ -56,6 +101,9 @@ def seeded():
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded,
             "hf": lambda: HFHeuristicGamma(initial=8), "pinned4": lambda: Pinned4(max_gamma=8)}
+if args.hf_like:
+    policies.update({"up1": lambda: AfterFull(1, max_gamma=8), "up2": lambda: AfterFull(2, max_gamma=8),
+                     "hf_inside": lambda: HFInside(False, max_gamma=8), "hf_inside_global": lambda: HFInside(True, max_gamma=8)})
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
