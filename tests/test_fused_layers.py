@@ -54,9 +54,9 @@ class Fused:
             self.calls += len(plan.weights)
             return several(plan, *args, **kwargs)
 
-        def counting_whole(plan, *args, **kwargs):
-            self.calls += len(plan.weights)
-            return whole(plan, *args, **kwargs)
+        def counting_whole(pass_args, *args, **kwargs):
+            self.calls += len(pass_args.plan.weights)
+            return whole(pass_args, *args, **kwargs)
         monkeypatch.setattr(kernels, "decoder_layer", counting_one)
         monkeypatch.setattr(kernels, "decoder_layers", counting_several)
         monkeypatch.setattr(kernels, "model_pass", counting_whole)

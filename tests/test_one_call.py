@@ -90,3 +90,42 @@ def test_a_token_outside_the_vocabulary_raises_and_leaves_the_cache():
     with pytest.raises(IndexError):
         model.forward(torch.tensor([[3, 96]]), cache)
     assert cache.lengths == [0]
+
+
+def test_prepared_arguments_follow_the_cache_the_tables_and_the_weights(monkeypatch):
+    """The one call's prepared arguments (``kernels.PassArgs``) are rebuilt whenever what they were built
+    from changes: another cache, rotary tables grown past their rows, an embedding or final norm replaced,
+    a head weight edited in place. Every pass still gives the steps' bits."""
+    model = _model()
+    calls = []
+    real = kernels.model_pass
+    monkeypatch.setattr(kernels, "model_pass", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    tokens = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(5))
+
+    def check(cache, reference, part, **kwargs):
+        fast = model.forward(tokens[:, part], cache, **kwargs)
+        slow = _steps(model, tokens[:, part], reference, **kwargs)
+        assert torch.equal(fast, slow)
+        for each in (cache, reference):
+            each.commit(0, part.stop - part.start)
+
+    first, first_ref = model.new_cache(1, 200), model.new_cache(1, 200)
+    second, second_ref = model.new_cache(1, 200), model.new_cache(1, 200)
+    check(first, first_ref, slice(0, 5))
+    check(second, second_ref, slice(0, 7))  # another cache: its own KV pointers
+    check(first, first_ref, slice(5, 6))
+    assert calls[1] is not calls[0] and calls[2] is not calls[1]
+    model._tables = None  # tables rebuilt (as when a sequence outgrows them): new pointers
+    check(first, first_ref, slice(6, 8))
+    assert calls[-1] is not calls[-2]
+    with torch.no_grad():
+        model.model.embed_tokens.weight = torch.nn.Parameter(model.model.embed_tokens.weight * 0.5,
+                                                             requires_grad=False)
+    check(first, first_ref, slice(8, 9))
+    assert calls[-1] is not calls[-2]
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)  # edited in place: read live, nothing to rebuild
+    check(first, first_ref, slice(9, 10))
+    check(first, first_ref, slice(10, 11))  # the same kind of pass, nothing changed: the same arguments
+    assert calls[-1] is calls[-2]
+    assert len(calls) == 7

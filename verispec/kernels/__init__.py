@@ -585,28 +585,82 @@ def head_weight(head: nn.Module, rows: int) -> torch.Tensor | None:
     return weight_for_rows(head.packed, head.quantized, rows)
 
 
-def model_pass(plan: LayerPlan, tokens: torch.Tensor, embedding: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, cache, final_norm: nn.Module, head: torch.Tensor, vocab: int,
-               last_only: bool) -> torch.Tensor:
-    """One row's pass in one call (``model_pass`` in the C source): tokens (T,) int64 after the row's
-    committed slots, the embedding table (V, H) fp32, the plan's layers, ``final_norm`` and the head
-    weight from ``head_weight`` (its first head.shape[0] ids; the rest of ``vocab`` get -inf). Logits
-    (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked ``pass_fits`` and the
-    rows (at most ``max_fused()``)."""
-    num_new, hidden = tokens.shape[0], embedding.shape[1]
-    heads, kv_heads, head_dim, intermediate = plan.shape
-    rows = 1 if last_only else num_new
-    logits = torch.empty(1, rows, vocab, dtype=torch.float32)
-    keys, values = cache.keys, cache.values
-    lengths = torch.tensor(cache.lengths)
+class PassArgs:
+    """What one row's whole pass (``model_pass``) reads that stays put from pass to pass: the plan's
+    layers, the embedding table, the rotary tables, the cache's KV tensors, the final norm and the
+    head's weights, as the C function's arguments, built once (``LlamaForCausalLM._one_call`` keeps one
+    per model, head and kind of pass). Per pass only the tokens, the row's length, the positions'
+    rotary rows, the head's weight for that many rows and the logits change. A draft step spent as long
+    in Python assembling these (reading ~30 pointers, converting them for ctypes, checking the layout)
+    as in the native pass itself (docs/experiments/pass_overhead.py).
+
+    ``current`` says whether the objects it was built from are still the ones the model would use.
+    """
+
+    def __init__(self, plan: LayerPlan, embedding: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], cache,
+                 final_norm: nn.Module, head: nn.Module, vocab: int, last_only: bool):
+        self.plan, self.embedding, self.tables, self.cache = plan, embedding, tables, cache
+        self.keys, self.values = cache.keys, cache.values
+        self.final_norm, self.norm_weight, self.head = final_norm, final_norm.weight, head
+        self.packed, self.quantized, self.head_version = head.packed, head.quantized, head.packed_version
+        self.vocab, self.last_only = vocab, last_only
+        heads, kv_heads, head_dim, intermediate = plan.shape
+        cos, sin = tables
+        self.positions = cos.shape[0]  # rows of the rotary tables
+        self.row_bytes = cos.stride(0) * cos.element_size()
+        self.cos, self.sin = cos.data_ptr(), sin.data_ptr()
+        self.layers = (embedding.data_ptr(), embedding.shape[0], embedding.shape[1], heads, kv_heads, head_dim,
+                       intermediate, plan.eps)
+        self.arrays = (ctypes.addressof(plan.array), None if plan.array_int8 is None else ctypes.addressof(plan.array_int8),
+                       plan.rows_int8, len(plan.weights))
+        self.kv = (self.keys.data_ptr(), self.values.data_ptr(), self.keys.stride(0), cache.max_len)
+        self.lengths = (ctypes.c_long * 1)()  # the row's length, as the C function reads it
+        self.lengths_ptr = ctypes.addressof(self.lengths)
+        self.norm = (self.norm_weight.data_ptr(), final_norm.eps)
+        self.heads: dict[int, tuple | None] = {}  # rows -> (pointer, weight type, head rows), None: too many rows
+
+    @classmethod
+    def fits(cls, embedding: torch.Tensor, tables, final_norm: nn.Module, cache) -> bool:
+        """The checks a pass needs once per build: fp32 contiguous embedding, rotary tables and norm, a
+        cache the native layers can write (``pass_fits``)."""
+        return (embedding.dtype == torch.float32 and not embedding.is_cuda and embedding.is_contiguous()
+                and final_norm.weight.dtype == torch.float32 and pass_fits(embedding.shape[1], cache)
+                and all(table.dtype == torch.float32 and table.is_contiguous() for table in tables))
+
+    def current(self, embedding: torch.Tensor, tables, cache, final_norm: nn.Module, head: nn.Module) -> bool:
+        return (embedding is self.embedding and tables is self.tables and cache is self.cache
+                and cache.keys is self.keys and cache.values is self.values
+                and final_norm is self.final_norm and final_norm.weight is self.norm_weight and head is self.head
+                and head.packed is self.packed and head.quantized is self.quantized
+                and head.packed_version == self.head_version == head.weight._version and self.plan.current())
+
+    def head_for(self, rows: int) -> tuple | None:
+        """(pointer, weight type, rows of the head) of the head's weight for a pass of ``rows`` rows."""
+        if rows not in self.heads:
+            weight = head_weight(self.head, rows)
+            self.heads[rows] = None if weight is None else (weight.data_ptr(), WEIGHT_TYPES[weight.dtype], weight.shape[0])
+        return self.heads[rows]
+
+
+def model_pass(args: PassArgs, tokens: torch.Tensor, head: tuple) -> torch.Tensor:
+    """One row's pass in one call (``model_pass`` in the C source): tokens (1, T) contiguous int64 CPU
+    ids placed after the row's committed slots, through the embedding, the plan's layers, the final
+    norm and the head (``head``: ``args.head_for(rows)``; its first head rows ids, the rest of the
+    vocabulary -inf). Logits (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked
+    ``args.current``, the rows (at most ``max_fused()``) and the room in the cache."""
+    num_new = tokens.shape[1]
+    rows = 1 if args.last_only else num_new
+    logits = torch.empty(1, rows, args.vocab, dtype=torch.float32)
+    first = args.cache.lengths[0]
+    args.lengths[0] = first
+    array, array_int8, rows_int8, count = args.arrays
+    offset = first * args.row_bytes
     status = library().model_pass(
-        tokens.data_ptr(), num_new, embedding.data_ptr(), embedding.shape[0], hidden, heads, kv_heads, head_dim,
-        intermediate, plan.eps, ctypes.addressof(plan.array_for(num_new)), len(plan.weights), cos.data_ptr(),
-        sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), cache.max_len, lengths.data_ptr(),
-        cache.lengths[0] + num_new, final_norm.weight.data_ptr(), final_norm.eps, head.data_ptr(),
-        WEIGHT_TYPES[head.dtype], head.shape[0], vocab, int(last_only), logits.data_ptr(), torch.get_num_threads())
+        tokens.data_ptr(), num_new, *args.layers, array_int8 if array_int8 is not None and num_new <= rows_int8 else array,
+        count, args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, first + num_new, *args.norm, *head,
+        args.vocab, int(args.last_only), logits.data_ptr(), torch.get_num_threads())
     if status == 2:
-        raise IndexError(f"a token id is outside the embedding's {embedding.shape[0]} rows")
+        raise IndexError(f"a token id is outside the embedding's {args.layers[1]} rows")
     if status:
         raise MemoryError(f"a one-call model pass could not allocate scratch memory for {num_new} tokens")
     return logits

@@ -215,6 +215,8 @@ class LlamaForCausalLM(nn.Module):
             config.dim_per_head, config.rope_dict(), config.max_position_embeddings)
         self.register_buffer("rope_frequencies", frequencies, persistent=False)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        # (last_only, vocab limit) -> the one-call pass's prepared arguments (``_one_call``)
+        self._pass_args: dict[tuple, kernels.PassArgs] = {}
 
     # ---- inference -------------------------------------------------------------------------------
 
@@ -224,7 +226,6 @@ class LlamaForCausalLM(nn.Module):
         return KVCache(config.num_hidden_layers, batch, max_len or config.max_context, config.kv_heads,
                        config.dim_per_head, dtype=weight.dtype, device=weight.device)
 
-    @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None = None,
                 depths: torch.Tensor | None = None, last_only: bool = False,
                 num_layers: int | None = None, staged: int = 0, vocab_limit: int | None = None) -> torch.Tensor:
@@ -238,39 +239,66 @@ class LlamaForCausalLM(nn.Module):
         logits (prefill). num_layers: run only the first E layers, then the final norm and LM head
         (early-exit drafting). vocab_limit: logits only for ids < N, the rest -inf (``logits``).
         """
-        stop = self.config.num_hidden_layers if num_layers is None else num_layers
-        tokens = tokens.to(self.lm_head.weight.device)  # callers build ids on the CPU
         if tokens.shape[0] == 1 and tree_mask is None and depths is None and not staged \
-                and stop == len(self.model.layers):
-            logits = self._one_call(tokens[0], cache, last_only, vocab_limit)
+                and (num_layers is None or num_layers == self.config.num_hidden_layers):
+            logits = self._one_call(tokens, cache, last_only, vocab_limit)
             if logits is not None:
                 return logits
+        return self._steps(tokens, cache, tree_mask, depths, last_only, num_layers, staged, vocab_limit)
+
+    @torch.inference_mode()
+    def _steps(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None, depths: torch.Tensor | None,
+               last_only: bool, num_layers: int | None, staged: int, vocab_limit: int | None) -> torch.Tensor:
+        """``forward`` piece by piece: embedding, ``run_layers``, final norm and head."""
+        stop = self.config.num_hidden_layers if num_layers is None else num_layers
+        tokens = tokens.to(self.lm_head.weight.device)  # callers build ids on the CPU
         hidden = self.run_layers(self.model.embed_tokens(tokens), cache, 0, stop, tree_mask, depths, staged)
         return self.logits(hidden[:, -1:] if last_only else hidden, vocab_limit)
 
     def _one_call(self, tokens: torch.Tensor, cache: KVCache, last_only: bool,
                   vocab_limit: int | None) -> torch.Tensor | None:
         """One row's whole pass as one native call (``kernels.model_pass``: embedding, every layer,
-        final norm, LM head), the same arithmetic as the steps below without their Python dispatch.
-        On the Xeon a draft step with the 2048-id head takes 174-179 us against 236-238 us piece by
-        piece, a target decode step 1.61 against 1.71-1.72 ms (docs/experiments/draft_step_pieces.py).
-        None where a step would not take the kernel (then the caller runs the steps)."""
-        num_new = tokens.shape[0]
-        embedding = self.model.embed_tokens.weight
-        if (not kernels.FUSED_LAYERS or num_new > kernels.max_fused() or tokens.is_cuda or tokens.dtype != torch.long
-                or embedding.dtype != torch.float32 or not embedding.is_contiguous()
-                or self.model.norm.weight.dtype != torch.float32 or not kernels.pass_fits(self.config.hidden_size, cache)):
+        final norm, LM head), the same arithmetic as the steps without their Python dispatch, with its
+        fixed arguments prepared once (``kernels.PassArgs``, rebuilt when anything it was built from
+        changed). On the Xeon the one call took a draft step with the 2048-id head from 236-238 us piece
+        by piece to 174-179 us, a target decode step from 1.71-1.72 to 1.61 ms
+        (docs/experiments/draft_step_pieces.py); preparing its arguments once then took the draft step
+        from 180 to 116-117 us (the bare native call: 76-80 us) and the target step from 1.67-1.68 to
+        1.58 ms (docs/experiments/pass_overhead.py). None where a step would not take the kernel (then
+        the caller runs the steps)."""
+        num_new = tokens.shape[1]
+        if not kernels.FUSED_LAYERS or tokens.dtype != torch.long or tokens.is_cuda or num_new > kernels.max_fused():
+            return None
+        limited = vocab_limit is not None and vocab_limit < self.config.vocab_size
+        head = self._limited_head(vocab_limit) if limited else self.lm_head
+        inner = self.model
+        embedding, norm = inner.embed_tokens.weight, inner.norm
+        first = cache.lengths[0]
+        if first + num_new > cache.max_len:
+            return None  # the steps raise the context error
+        tables = self._rotary_tables(first + num_new, embedding.device)
+        key = (last_only, vocab_limit if limited else None)
+        args = self._pass_args.get(key)
+        if args is None or not args.current(embedding, tables, cache, norm, head):
+            args = self._prepare_pass(key, embedding, tables, cache, norm, head)
+            if args is None:
+                return None
+        head_args = args.head_for(1 if last_only else num_new)
+        if head_args is None:
+            return None
+        return kernels.model_pass(args, tokens.contiguous(), head_args)
+
+    def _prepare_pass(self, key, embedding, tables, cache, norm, head) -> "kernels.PassArgs | None":
+        self._pass_args.pop(key, None)
+        if type(head) is not kernels.SmallRowsLinear or head.bias is not None \
+                or not kernels.PassArgs.fits(embedding, tables, norm, cache):
             return None
         plan = kernels.LayerPlan.for_layers(self.model.layers, 0, len(self.model.layers))
-        limited = vocab_limit is not None and vocab_limit < self.config.vocab_size
-        head = kernels.head_weight(self._limited_head(vocab_limit) if limited else self.lm_head,
-                                   1 if last_only else num_new)
-        if plan is None or head is None:
+        if plan is None:
             return None
-        cache.check_room(num_new)
-        cos, sin = self._rotary_rows(cache.lengths[0], num_new)
-        return kernels.model_pass(plan, tokens.contiguous(), embedding, cos.contiguous(), sin.contiguous(), cache,
-                                  self.model.norm, head, self.config.vocab_size, last_only)
+        args = self._pass_args[key] = kernels.PassArgs(plan, embedding, tables, cache, norm, head,
+                                                       self.config.vocab_size, key[0])
+        return args
 
     @torch.inference_mode()
     def run_layers(self, x: torch.Tensor, cache: KVCache, start: int, stop: int,
