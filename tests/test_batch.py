@@ -479,3 +479,55 @@ def test_a_re_measure_between_speculating_gammas_is_not_a_switch():
         policy.observe(1, gamma, seconds[gamma], [min(gamma, 1)], [gamma])
     assert chosen[:3] == [0, 1, 2] and policy.last_best[1] == 1
     assert 2 in chosen[3:]  # re-measured
+
+
+def test_at_batch_one_the_depth_follows_the_requests_runs():
+    """Batch 1 with a request: once speculation is chosen, the depth starts at the largest candidate for
+    each new request, gains RUN_UP after a fully accepted round, loses one after any other, stays within
+    [1, 2 x the largest candidate] and is drafted up to the largest candidate."""
+    from verispec.adaptive import AcceptanceCounts
+
+    policy = AdaptiveGamma(max_gamma=8, min_samples=1)
+    for gamma in policy.candidates:  # measured: cheap drafts and verification, speculation pays
+        policy.observe(1, gamma, 0.01 + 0.0005 * gamma, [gamma], [gamma])
+    request = AcceptanceCounts()
+    chosen = []
+    for accepted in [None, None, None, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]:  # None: every draft accepted
+        gamma = policy.choose(1, request)
+        chosen.append(gamma)
+        policy.observe(1, gamma, 0.01 + 0.0005 * gamma, [gamma if accepted is None else min(accepted, gamma - 1)],
+                       [gamma])
+        request.add(gamma if accepted is None else min(accepted, gamma - 1), gamma)
+    # depth 8 -> 10 -> 12 -> 14 (drafts 8), then -1 per partial round: 13 .. 8 still draft 8, then 7, 6, ...
+    assert chosen == [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7, 6, 5]
+    assert policy.choose(1, AcceptanceCounts()) == 8  # a new request starts again at the top
+    for _ in range(40):
+        gamma = policy.choose(1, request)
+        policy.observe(1, gamma, 0.01 + 0.0005 * gamma, [0], [gamma])
+    assert policy.choose(1, request) == 1  # never below one draft while speculating
+    fixed = AdaptiveGamma(max_gamma=8, min_samples=1, follow_runs=False)
+    for gamma in fixed.candidates:
+        fixed.observe(1, gamma, 0.01 + 0.0005 * gamma, [gamma], [gamma])
+    assert fixed.choose(1, AcceptanceCounts()) == 8 and fixed.choose(1, request) == 8  # no depth state
+
+
+def test_following_runs_never_overrides_plain_decoding():
+    """Where plain decoding wins at batch 1 the run's depth is not used, and a change of costs that makes
+    plain decoding win is noticed within FOLLOW_CHECK_ROUNDS rounds of following."""
+    from verispec.adaptive import AcceptanceCounts
+
+    policy = AdaptiveGamma(max_gamma=4, candidates=(0, 2, 4), min_samples=1, window=1)
+    request = AcceptanceCounts()
+    for gamma in (0, 2, 4):  # each verified position costs a full step and drafts are rarely right
+        policy.observe(1, gamma, 0.01 * (1 + gamma), [0], [gamma])
+    assert policy.choose(1, request) == 0
+    cheap = AdaptiveGamma(max_gamma=4, candidates=(0, 2, 4), min_samples=1, window=1, explore_every=10 ** 6)
+    for gamma in (0, 2, 4):
+        cheap.observe(1, gamma, 0.01 + 0.0001 * gamma, [gamma], [gamma])
+    assert cheap.choose(1, request) == 4
+    cheap.observe(1, 4, 0.05, [0], [4])  # the machine changed: speculation now loses
+    cheap.observe(1, 2, 0.05, [0], [2])
+    for _ in range(3):
+        cheap.counts.add(0, 4)
+    chosen = [cheap.choose(1, request) for _ in range(cheap.FOLLOW_CHECK_ROUNDS + 1)]
+    assert chosen[-1] == 0 and chosen[0] != 0

@@ -56,6 +56,24 @@ generate), priced at the measured seconds per read token (engines report reads t
   re-measure between two speculating gammas is no switch: the draft reads only the last round's
   tokens.
 
+At batch 1, with the request given, the depth of a request whose rounds speculate follows its runs
+(``follow_runs``): it starts at the largest candidate, gains ``RUN_UP`` (2) after a round that accepted
+every draft and loses 1 after any other, within [1, 2 x the largest candidate], and the round drafts
+min(depth, largest candidate). The cost model above still decides whether to speculate at all (checked
+again every ``FOLLOW_CHECK_ROUNDS`` rounds) and everything at larger batches. Why: the best gamma
+differs between requests and between stretches of one request (per prompt, the best fixed gamma of the
+planner check's 12 evaluation prompts ranges from 3 to 8, and choosing it per prompt would be 7.6%
+faster than the best single gamma), and the model's per-request estimate reacts slowly: it learns
+position i's rate only from rounds that drafted that far, and the shared rates it starts from are
+measured mostly on requests that reach deep positions. Depth that follows the runs reacts within a
+round or two. Measured side by side on the two halves of the held-out prompts
+(``docs/experiments/policy_variants.py``, with ``--swap`` for the second half): the model alone reached
+0.99 and 0.94 of the best fixed gamma, following runs 1.01 and 1.00. transformers' +2 / -1 rule
+(``HFHeuristicGamma``) keeps its depth across requests; on the first half that happened to land 4%
+above the best fixed gamma and on the second 1% below it: the edge it showed on the first half (all
+that earlier sessions measured) was that one trajectory, not the rule. Restarted at 8 for every
+request the rule gave 1.02 and 1.01, level with following runs (whose own bookkeeping costs ~1%).
+
 A choice is made for the load, not for one round's batch: the largest batch of the last
 ``hold_rounds`` (16) rounds. Behind a server the batch dips whenever requests finish together (a
 wave of equal-length requests, or clients slow to send the next): a few rounds at batch 2-4 while
@@ -83,7 +101,6 @@ accepted every draft, -1 otherwise.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -140,12 +157,14 @@ class AcceptanceCounts:
 
 
 class AdaptiveGamma:
+    RUN_UP = 2  # batch 1: depth added after a fully accepted round (one is taken off after any other)
+    FOLLOW_CHECK_ROUNDS = 16  # batch 1: rounds between re-checks that following the run still beats plain decoding
     RATE_REFRESH_ROUNDS = 4  # a bucket's rounds between recomputations of the candidates' rates (``_rates``)
 
     def __init__(self, max_gamma: int = 8, candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
                  explore_every: int = 50, window: int = 15, margin: float = 0.03, min_samples: int = 3,
                  prior_rounds: float = 8.0, switch_budget: float = 0.005, hold_rounds: int = 16,
-                 climb_tolerance: float = 0.1):
+                 climb_tolerance: float = 0.1, follow_runs: bool = True):
         self.candidates = tuple(sorted({c for c in candidates if c <= max_gamma} | {0}))
         self.explore_every, self.window, self.margin = explore_every, window, margin
         self.switch_budget, self.climb_tolerance = switch_budget, climb_tolerance
@@ -156,9 +175,11 @@ class AdaptiveGamma:
         self.min_rounds_for_start = 20  # drafting rounds before E[N] is corrected for round starts
         self.samples: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> rounds since last (re)start
         # (bucket, gamma) -> the last ``window`` rounds as (seconds, rows), and their medians
-        self.recent: dict[tuple[int, int], deque[tuple[float, int]]] = {}
-        self.round_seconds: dict[tuple[int, int], float] = {}
-        self.round_rows: dict[tuple[int, int], float] = {}
+        self.recent: dict[tuple[int, int], tuple[deque[float], deque[int]]] = {}  # (seconds, rows)
+        # (their medians are taken when read, not every round: ``_settle``)
+        self._round_seconds: dict[tuple[int, int], float] = {}
+        self._round_rows: dict[tuple[int, int], float] = {}
+        self._stale: set[tuple[int, int]] = set()  # keys observed since their medians were last taken
         self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
         # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds observed.
         self.charged_seconds: dict[int, float] = {}
@@ -173,8 +194,32 @@ class AdaptiveGamma:
         # Batch-1 estimates from a profile (``seed``), and those not yet replaced by measured rounds.
         self.seeds: dict[tuple[int, int], float] = {}
         self.unmeasured_seeds: set[tuple[int, int]] = set()
+        # Batch 1: the request whose depth follows its runs, and that depth (``_run_depth``).
+        self.follow_runs = follow_runs
+        self._run: tuple[AcceptanceCounts, int] | None = None
+        self._follow_until = 0  # bucket 1's round count until which the run's depth is returned unchecked
         # Per bucket: (request, tried gammas, round count, rates) of the last ``_rates`` computation.
         self._rate_cache: dict[int, tuple] = {}
+
+    @property
+    def round_seconds(self) -> dict[tuple[int, int], float]:
+        """(bucket, gamma) -> median wall time of its recent rounds."""
+        if self._stale:
+            self._settle()
+        return self._round_seconds
+
+    @property
+    def round_rows(self) -> dict[tuple[int, int], float]:
+        """(bucket, gamma) -> median batch size of its recent rounds."""
+        if self._stale:
+            self._settle()
+        return self._round_rows
+
+    def _settle(self) -> None:
+        for key in self._stale:
+            seconds, rows = self.recent[key]
+            self._round_seconds[key], self._round_rows[key] = _median(seconds), _median(rows)
+        self._stale.clear()
 
     def seed(self, round_seconds: dict[int, float], acceptance: list[float], rounds: float = 20.0) -> None:
         """Start batch 1 from a calibrated profile instead of climbing from gamma 0 (a fresh server
@@ -295,6 +340,9 @@ class AdaptiveGamma:
         bucket = self.bucket(batch_size)
         count = self.rounds_in_bucket.get(bucket, 0)
         self.rounds_in_bucket[bucket] = count + 1
+        run = self._run
+        if batch_size == 1 and run is not None and run[0] is request and count < self._follow_until:
+            return min(run[1], self.candidates[-1])  # decided to follow this run: re-checked every few rounds
         sampling = [g for g in self.candidates if 0 < self.samples.get((bucket, g), 0) < self.min_samples]
         if sampling:
             return sampling[0]  # judge a candidate on the mean of min_samples rounds, not on one round
@@ -311,6 +359,9 @@ class AdaptiveGamma:
         if larger and rate(max(tried)) >= (1 - self.climb_tolerance) * rate(best):
             return larger[0]  # climb while the largest tried is the best so far, or nearly
         self.last_best[bucket] = best
+        if self.follow_runs and best and batch_size == 1 and request is not None:
+            self._follow_until = count + self.FOLLOW_CHECK_ROUNDS
+            return self._run_depth(request)
         key = (bucket, best)
         if key not in self.next_explore:  # a new best: re-measure its neighbours soon
             self.interval[key] = self.explore_every
@@ -330,6 +381,13 @@ class AdaptiveGamma:
             self.samples[(bucket, neighbour)] = 0
             return neighbour
         return best
+
+    def _run_depth(self, request: AcceptanceCounts) -> int:
+        """This request's depth under the run rule (module docstring): the largest candidate when the
+        request is new, then +``RUN_UP`` after each fully accepted round and -1 after any other."""
+        if self._run is None or self._run[0] is not request:
+            self._run = (request, max(self.candidates))
+        return min(self._run[1], max(self.candidates))
 
     def _rates(self, bucket: int, batch_size: int, tried: list[int], request: AcceptanceCounts | None,
                count: int) -> dict[int, float]:
@@ -372,19 +430,33 @@ class AdaptiveGamma:
         self.observed_rounds[key[0]] = self.observed_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
         self.plain_seconds[key[0]] = self.plain_seconds.get(key[0], 0.0) + seconds if gamma == 0 else 0.0
-        recent = self.recent.setdefault(key, deque(maxlen=self.window))
-        if count == 1:
-            recent.clear()  # a first or fresh measurement replaces what was known
-        recent.append((seconds, batch_size))
-        self.round_seconds[key] = statistics.median(t for t, _ in recent)
-        self.round_rows[key] = statistics.median(r for _, r in recent)
-        if key in self.seeds:
+        recent = self.recent.get(key)
+        if recent is None:
+            recent = self.recent[key] = (deque(maxlen=self.window), deque(maxlen=self.window))
+        elif count == 1:
+            recent[0].clear()  # a fresh measurement replaces what was known
+            recent[1].clear()
+        recent[0].append(seconds)
+        recent[1].append(batch_size)
+        self._stale.add(key)
+        if self.unmeasured_seeds and key in self.seeds:
             self.unmeasured_seeds.discard(key)
             level = self.round_seconds[key] / self.seeds[key]
             for other in self.unmeasured_seeds:
                 self.round_seconds[other] = self.seeds[other] * level
         for accepted, drafted in zip(accepted_per_row, drafted_per_row):
             self.counts.add(accepted, drafted)
+        if self._run is not None and batch_size == 1 and gamma and drafted_per_row[0]:
+            request, depth = self._run
+            full = accepted_per_row[0] == drafted_per_row[0]
+            self._run = (request, min(depth + self.RUN_UP, 2 * max(self.candidates)) if full else max(1, depth - 1))
+
+
+def _median(values) -> float:
+    """``statistics.median`` of a few values, without its generality (taken for every stale estimate)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, seconds: float) -> None:

@@ -1,16 +1,20 @@
 """Adaptive gamma policy variants against fixed gammas at batch 1, on planner_check's evaluation
 prompts (the first --prompts held-out prompts per workload; the policies first run the calibration
-prompts once, as there): decode ms per token (prefill excluded) per repeat, interleaved per prompt,
-speedup over plain decoding = median over repeats of the per-repeat ratio.
+prompts once, as there; with --swap the two halves trade places): decode ms per token (prefill
+excluded) per repeat, interleaved per prompt, speedup over plain decoding = median over repeats of the
+per-repeat ratio.
 
-    OMP_NUM_THREADS=1 python docs/experiments/policy_variants.py [--prompts 4] [--repeats 5] [--priors 2,4]
+    OMP_NUM_THREADS=1 python docs/experiments/policy_variants.py [--prompts 4] [--repeats 5] [--swap] [--priors 2,4]
 
-Variants: the default policy; per-request acceptance blended with more prior weight (prior_rounds
-32 instead of 8); shared acceptance only (one gamma for every request); the default seeded from a
-calibrated profile measured in this process (as `verispec serve --profile` does); transformers' +2 / -1
-heuristic (``hf``), starting at 8; the default policy's bookkeeping with its choice pinned to gamma 4
-(``pinned4``: against ``gamma4``, what the policy's own Python costs per round). With --hf-like, the
-attempts to give the policy HF's depth after fully accepted rounds: ``up1`` / ``up2`` (one or two
+Variants: the default policy (its batch-1 depth follows each request's runs); ``model_only`` (the same
+without following runs: the cost model's gamma for every round, as before 2026-12-01 night);
+per-request acceptance blended with more prior weight (prior_rounds 32); shared acceptance only (one
+gamma for every request); the default seeded from a calibrated profile measured in this process (as
+`verispec serve --profile` does); transformers' +2 / -1 heuristic (``hf``), starting at 8 and keeping
+its depth across requests, and ``hf_reset``, the same rule restarted at 8 for every request; the
+default policy's bookkeeping with its choice pinned to gamma 4 (``pinned4``: against ``gamma4``, what
+the policy's own Python costs per round). With --hf-like, the earlier attempts (on ``model_only``) to
+give the model-only policy HF's depth after fully accepted rounds: ``up1`` / ``up2`` (one or two
 candidates above its choice right after one), ``hf_inside`` (HF's +2 / -1 per request, started at the
 policy's choice; the policy decides only between plain decoding and speculation) and
 ``hf_inside_global`` (the same with HF's state kept across requests, within [1, 16]).
@@ -30,11 +34,14 @@ ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--priors", default="", help="more variants: the default policy with these prior_rounds, e.g. 2,4")
 ap.add_argument("--hf-like", action="store_true", help="more variants: up1, up2, hf_inside, hf_inside_global")
+ap.add_argument("--swap", action="store_true", help="evaluate on the calibration half, calibrate on the evaluation half")
 args = ap.parse_args()
 
 pair = load_pair()
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, pair.target.config.max_context - 80)
+if args.swap:
+    evaluation, calibration = calibration, evaluation
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=args.max_tokens, ignore_eos=True)
 data = profiler.profile(pair.target, pair.draft, max_positions=9, repeats=11, tree_shapes=(), draft_vocab=vocab)
 data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=8, draft_vocab=vocab)), calibration, 8, args.max_tokens,
@@ -87,6 +94,19 @@ class HFInside(AdaptiveGamma):
             self.depth = min(16, self.depth + 2) if accepted[0] == drafted[0] else max(1, self.depth - 1)
 
 
+class HFReset(HFHeuristicGamma):
+    """transformers' rule restarted at ``initial`` for every request."""
+
+    def __init__(self, initial=8):
+        super().__init__(initial=initial)
+        self.initial, self.request = initial, None
+
+    def choose(self, batch_size=1, request=None):
+        if request is not self.request:
+            self.request, self.gamma = request, self.initial
+        return self.gamma
+
+
 class SharedOnly(AdaptiveGamma):
     def choose(self, batch_size, request=None):
         return super().choose(batch_size, None)
@@ -98,12 +118,15 @@ def seeded():
     return policy
 
 
-policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
+policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "model_only": lambda: AdaptiveGamma(max_gamma=8, follow_runs=False),
+            "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded,
-            "hf": lambda: HFHeuristicGamma(initial=8), "pinned4": lambda: Pinned4(max_gamma=8)}
+            "hf": lambda: HFHeuristicGamma(initial=8), "hf_reset": HFReset, "pinned4": lambda: Pinned4(max_gamma=8)}
 if args.hf_like:
-    policies.update({"up1": lambda: AfterFull(1, max_gamma=8), "up2": lambda: AfterFull(2, max_gamma=8),
-                     "hf_inside": lambda: HFInside(False, max_gamma=8), "hf_inside_global": lambda: HFInside(True, max_gamma=8)})
+    policies.update({"up1": lambda: AfterFull(1, max_gamma=8, follow_runs=False),
+                     "up2": lambda: AfterFull(2, max_gamma=8, follow_runs=False),
+                     "hf_inside": lambda: HFInside(False, max_gamma=8, follow_runs=False),
+                     "hf_inside_global": lambda: HFInside(True, max_gamma=8, follow_runs=False)})
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
