@@ -194,6 +194,9 @@ def main(argv=None) -> int:
                         help="start the adaptive and HF policies cold instead of letting them first run the "
                              "calibration prompts the planner was calibrated on")
     add_draft_options(parser)
+    parser.add_argument("--swap", action="store_true",
+                        help="evaluate on the calibration prompts and calibrate on the evaluation ones (the other "
+                             "half of the held-out prompts, with --prompts 4)")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     args = parser.parse_args(argv)
@@ -210,8 +213,10 @@ def main(argv=None) -> int:
                             repeats=args.profile_repeats, tree_shapes=(), draft_vocab=vocab)
     room = pair.target.config.max_context - args.max_tokens - args.max_gamma - 1
     evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, room)
-    if not calibration:
-        parser.error("no held-out prompts left for calibration; lower --prompts")
+    if args.swap:
+        evaluation, calibration = calibration, evaluation
+    if not calibration or not evaluation:
+        parser.error("no held-out prompts left for calibration (or, with --swap, evaluation); change --prompts")
     data["calibration"] = profiler.calibrate(build_engine(pair, SpecConfig(gamma=args.calibrate_gamma,
                                                                            draft_vocab=vocab)),
                                              calibration, args.calibrate_gamma, args.max_tokens,
