@@ -129,3 +129,10 @@ def test_prepared_arguments_follow_the_cache_the_tables_and_the_weights(monkeypa
     check(first, first_ref, slice(10, 11))  # the same kind of pass, nothing changed: the same arguments
     assert calls[-1] is calls[-2]
     assert len(calls) == 7
+    # A batch engine's per-round views of one cache (new objects, the same storage) share the arguments.
+    batch, batch_ref = model.new_cache(3, 200), model.new_cache(1, 200)
+    for part in (slice(0, 4), slice(4, 5), slice(5, 6)):
+        view = batch.prefix_view(1)
+        check(view, batch_ref, part)
+        batch.sync_prefix(view)
+    assert calls[-1] is calls[-2] is calls[-3] and calls[-3] is not calls[-4]

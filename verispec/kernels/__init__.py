@@ -599,8 +599,7 @@ class PassArgs:
 
     def __init__(self, plan: LayerPlan, embedding: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], cache,
                  final_norm: nn.Module, head: nn.Module, vocab: int, last_only: bool):
-        self.plan, self.embedding, self.tables, self.cache = plan, embedding, tables, cache
-        self.keys, self.values = cache.keys, cache.values
+        self.plan, self.embedding, self.tables = plan, embedding, tables
         self.final_norm, self.norm_weight, self.head = final_norm, final_norm.weight, head
         self.packed, self.quantized, self.head_version = head.packed, head.quantized, head.packed_version
         self.vocab, self.last_only = vocab, last_only
@@ -613,7 +612,9 @@ class PassArgs:
                        intermediate, plan.eps)
         self.arrays = (ctypes.addressof(plan.array), None if plan.array_int8 is None else ctypes.addressof(plan.array_int8),
                        plan.rows_int8, len(plan.weights))
-        self.kv = (self.keys.data_ptr(), self.values.data_ptr(), self.keys.stride(0), cache.max_len)
+        # The cache by its storage, not by object: an engine's per-round views of one cache share it.
+        self.kv = (cache.keys.data_ptr(), cache.values.data_ptr(), cache.keys.stride(0), cache.max_len)
+        self.kv_strides = (cache.keys.stride(), cache.values.stride())
         self.lengths = (ctypes.c_long * 1)()  # the row's length, as the C function reads it
         self.lengths_ptr = ctypes.addressof(self.lengths)
         self.norm = (self.norm_weight.data_ptr(), final_norm.eps)
@@ -628,8 +629,10 @@ class PassArgs:
                 and all(table.dtype == torch.float32 and table.is_contiguous() for table in tables))
 
     def current(self, embedding: torch.Tensor, tables, cache, final_norm: nn.Module, head: nn.Module) -> bool:
-        return (embedding is self.embedding and tables is self.tables and cache is self.cache
-                and cache.keys is self.keys and cache.values is self.values
+        keys, values = cache.keys, cache.values
+        return (embedding is self.embedding and tables is self.tables and keys.data_ptr() == self.kv[0]
+                and values.data_ptr() == self.kv[1] and cache.max_len == self.kv[3]
+                and (keys.stride(), values.stride()) == self.kv_strides and keys.dtype == torch.float32
                 and final_norm is self.final_norm and final_norm.weight is self.norm_weight and head is self.head
                 and head.packed is self.packed and head.quantized is self.quantized
                 and head.packed_version == self.head_version == head.weight._version and self.plan.current())
@@ -642,16 +645,16 @@ class PassArgs:
         return self.heads[rows]
 
 
-def model_pass(args: PassArgs, tokens: torch.Tensor, head: tuple) -> torch.Tensor:
+def model_pass(args: PassArgs, cache, tokens: torch.Tensor, head: tuple) -> torch.Tensor:
     """One row's pass in one call (``model_pass`` in the C source): tokens (1, T) contiguous int64 CPU
-    ids placed after the row's committed slots, through the embedding, the plan's layers, the final
+    ids placed after the row's committed slots in ``cache`` (the one ``args`` is current for), through the embedding, the plan's layers, the final
     norm and the head (``head``: ``args.head_for(rows)``; its first head rows ids, the rest of the
     vocabulary -inf). Logits (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked
     ``args.current``, the rows (at most ``max_fused()``) and the room in the cache."""
     num_new = tokens.shape[1]
     rows = 1 if args.last_only else num_new
     logits = torch.empty(1, rows, args.vocab, dtype=torch.float32)
-    first = args.cache.lengths[0]
+    first = cache.lengths[0]
     args.lengths[0] = first
     array, array_int8, rows_int8, count = args.arrays
     offset = first * args.row_bytes

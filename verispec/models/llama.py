@@ -286,7 +286,7 @@ class LlamaForCausalLM(nn.Module):
         head_args = args.head_for(1 if last_only else num_new)
         if head_args is None:
             return None
-        return kernels.model_pass(args, tokens.contiguous(), head_args)
+        return kernels.model_pass(args, cache, tokens.contiguous(), head_args)
 
     def _prepare_pass(self, key, embedding, tables, cache, norm, head) -> "kernels.PassArgs | None":
         self._pass_args.pop(key, None)
