@@ -305,7 +305,11 @@ def test_concurrent_requests_match_their_serial_outputs(live, client):
     assert until(lambda: live.scheduler.engine.active == 0)
 
 
-def test_client_disconnect_aborts_the_sequence(live, client):
+def test_client_disconnect_aborts_the_sequence(live, client, monkeypatch):
+    # 5 ms a round: 480 tokens outlast the handler's disconnect poll on any machine (unpaced, the tiny
+    # model's 480 tokens can finish first, and then nothing is left to abort).
+    step = live.scheduler.engine.step
+    monkeypatch.setattr(live.scheduler.engine, "step", lambda: time.sleep(0.005) or step())
     aborted = live.metric("verispec:request_success_total", finished_reason="abort")
     stream = client.completions.create(model=MODEL, prompt="long", max_tokens=480, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
