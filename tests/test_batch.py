@@ -531,3 +531,31 @@ def test_following_runs_never_overrides_plain_decoding():
         cheap.counts.add(0, 4)
     chosen = [cheap.choose(1, request) for _ in range(cheap.FOLLOW_CHECK_ROUNDS + 1)]
     assert chosen[-1] == 0 and chosen[0] != 0
+
+
+def test_a_first_climb_is_offered_the_gain_the_smaller_buckets_trend_to():
+    """Buckets 4 and 8 gained 27% and 10% over plain decoding: bucket 16 is offered 1 + 0.10^2 / 0.27
+    (~3.7%), not bucket 8's 10%, so reading 800 tokens (16 ms) for 768 tokens still to come at 4 tokens
+    per ms (a saving of ~7 ms at 3.7%, ~17 ms at 10%) is refused. With one smaller bucket, or gains
+    that did not shrink, the nearest gain is offered as before."""
+    def decided(gains: dict[int, float]) -> AdaptiveGamma:
+        policy = AdaptiveGamma(max_gamma=1, candidates=(0, 1), min_samples=1)
+        policy.reads(1000, 0.02)
+        for batch, gain in gains.items():
+            policy.observe(batch, 0, 0.001 * batch / 4, [0] * batch, [0] * batch)  # 4 tokens per ms
+            policy.observe(batch, 1, 0.001 * batch / 4 * 2 / gain, [1] * batch, [1] * batch)  # E[N] 2
+            assert policy.choose(batch) == 1
+        return policy
+
+    trend = decided({4: 1.27, 8: 1.10})
+    assert trend._smaller_gain(16) == pytest.approx(1 + 0.10 ** 2 / 0.27, rel=1e-3)
+    trend.observe(16, 0, 0.004, [0] * 16, [0] * 16)
+    assert trend.choose(16) == 1  # the climb it would take...
+    assert afford_switch(trend, 16, 1, Backlog(800, 768)) == 0  # ...is not worth its reads
+    assert afford_switch(trend, 16, 1, Backlog(800, 40_000)) == 1
+    nearest = decided({8: 1.10})
+    assert nearest._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
+    nearest.observe(16, 0, 0.004, [0] * 16, [0] * 16)
+    assert afford_switch(nearest, 16, 1, Backlog(800, 768)) == 1
+    growing = decided({4: 1.05, 8: 1.10})
+    assert growing._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)

@@ -42,11 +42,11 @@ generate), priced at the measured seconds per read token (engines report reads t
   remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a
   speculating bucket late, with long contexts and few tokens left, stay plain);
 - a first climb from gamma 0 in a bucket must be expected to pay too, with the untried gamma's rate
-  taken as optimistically as the nearest smaller bucket's gain over plain decoding (the gain shrinks
-  as the batch grows): at batch 16, where bucket 8 gained ~3%, reading 16 prompts (~16 ms) to try
-  gamma 1 would need ~500 ms of remaining decoding to repay, so it waits for the exploration budget
-  below; in-process (closed_loop.py) the climb's reads and losing rounds cost 4-8% of a c16 point.
-  Batch 1 (no smaller bucket) climbs at once;
+  taken as optimistically as the smaller buckets' gains over plain decoding allow (the gain shrinks
+  as the batch grows; ``_smaller_gain`` carries the shrinking from the two nearest one doubling on):
+  at batch 16, where bucket 8 gained ~3%, reading 16 prompts (~16 ms) to try gamma 1 would need
+  ~500 ms of remaining decoding to repay, so it waits for the exploration budget below; in-process
+  (closed_loop.py) the climb's reads and losing rounds cost 4-8% of a c16 point. Batch 1 (no smaller bucket) climbs at once;
 - a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
   its reads may take at most ``switch_budget`` (0.5%) of the time the bucket has spent at gamma 0
   since it last speculated, so a bucket of 64 rows re-measures gamma 1 about every two minutes of
@@ -408,13 +408,27 @@ class AdaptiveGamma:
         return rates
 
     def _smaller_gain(self, bucket: int) -> float | None:
-        """The nearest smaller decided bucket's best rate over its plain rate (1: it chose gamma 0), or
-        None where no smaller bucket has decided (batch 1: nothing to go by)."""
-        smaller = [b for b in self.last_best if b < bucket]
+        """What speculation could gain in ``bucket`` at best, from the smaller buckets already decided
+        (their best rate over their plain rate; 1: they chose gamma 0): the nearest one's gain, or, where
+        the gain shrank from the second nearest to the nearest (it does as the batch doubles: extra
+        verified positions cost relatively more), that shrinking carried one doubling further,
+        1 + (g_near - 1)^2 / (g_second - 1). None where no smaller bucket has decided (batch 1).
+
+        Serving the embedded pair (docs/serving-decide-32.toml, a fresh server each repeat) buckets 4
+        and 8 gained ~27% and ~10%, and c16 ran at 0.97-0.98 of plain decoding with a sixth of its
+        rows drafting: offered bucket 8's 10%, bucket 16 could climb and have the draft read 16 prompts
+        (~50 ms, 4% of a c16 point) for rounds that then lost. The trend offers ~3.7%, too little."""
+        smaller = sorted(b for b in self.last_best if b < bucket)
         if not smaller:
             return None
-        near = max(smaller)
-        best, plain = self.predicted_rate(near, self.last_best[near]), self.predicted_rate(near, 0)
+        gains = [self._gain(b) for b in smaller[-2:]]
+        near = gains[-1]
+        if near is not None and len(gains) == 2 and gains[0] is not None and gains[0] > near > 1:
+            return 1 + (near - 1) ** 2 / (gains[0] - 1)
+        return near
+
+    def _gain(self, bucket: int) -> float | None:
+        best, plain = self.predicted_rate(bucket, self.last_best[bucket]), self.predicted_rate(bucket, 0)
         return best / plain if best and plain else None
 
     def _cap(self, bucket: int) -> int:
