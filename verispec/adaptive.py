@@ -46,7 +46,8 @@ generate), priced at the measured seconds per read token (engines report reads t
   as the batch grows; ``_smaller_gain`` carries the shrinking from the two nearest one doubling on):
   at batch 16, where bucket 8 gained ~3%, reading 16 prompts (~16 ms) to try gamma 1 would need
   ~500 ms of remaining decoding to repay, so it waits for the exploration budget below; in-process
-  (closed_loop.py) the climb's reads and losing rounds cost 4-8% of a c16 point. Batch 1 (no smaller bucket) climbs at once;
+  (closed_loop.py) the climb's reads and losing rounds cost 4-8% of a c16 point. Batch 1 (no
+  smaller bucket) climbs at once;
 - a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
   its reads may take at most ``switch_budget`` (0.5%) of the time the bucket has spent at gamma 0
   since it last speculated, so a bucket of 64 rows re-measures gamma 1 about every two minutes of

@@ -17,7 +17,9 @@ the policy's own Python costs per round). With --hf-like, the earlier attempts (
 give the model-only policy HF's depth after fully accepted rounds: ``up1`` / ``up2`` (one or two
 candidates above its choice right after one), ``hf_inside`` (HF's +2 / -1 per request, started at the
 policy's choice; the policy decides only between plain decoding and speculation) and
-``hf_inside_global`` (the same with HF's state kept across requests, within [1, 16]).
+``hf_inside_global`` (the same with HF's state kept across requests, within [1, 16]); and HF's rule on
+other trajectories of the same prompts: ``hf_skip_empty`` (no +2 after a round that drafted nothing,
+a request's last token) and ``hf_start5`` .. ``hf_start10`` (other initial depths).
 """
 import argparse, statistics, sys
 import torch
@@ -107,6 +109,14 @@ class HFReset(HFHeuristicGamma):
         return self.gamma
 
 
+class HFSkipEmpty(HFHeuristicGamma):
+    """transformers' rule without its +2 after a round that drafted nothing (a request's last token)."""
+
+    def observe(self, batch_size, gamma, seconds, accepted, drafted):
+        if any(drafted):
+            super().observe(batch_size, gamma, seconds, accepted, drafted)
+
+
 class SharedOnly(AdaptiveGamma):
     def choose(self, batch_size, request=None):
         return super().choose(batch_size, None)
@@ -126,7 +136,9 @@ if args.hf_like:
     policies.update({"up1": lambda: AfterFull(1, max_gamma=8, follow_runs=False),
                      "up2": lambda: AfterFull(2, max_gamma=8, follow_runs=False),
                      "hf_inside": lambda: HFInside(False, max_gamma=8, follow_runs=False),
-                     "hf_inside_global": lambda: HFInside(True, max_gamma=8, follow_runs=False)})
+                     "hf_inside_global": lambda: HFInside(True, max_gamma=8, follow_runs=False),
+                     "hf_skip_empty": lambda: HFSkipEmpty(initial=8),
+                     **{f"hf_start{i}": (lambda i=i: HFHeuristicGamma(initial=i)) for i in (5, 6, 7, 9, 10)}})
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
