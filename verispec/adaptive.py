@@ -63,9 +63,9 @@ every draft and loses 1 after any other, within [1, 2 x the largest candidate], 
 min(depth, largest candidate). The cost model above still decides whether to speculate at all (checked
 again every ``FOLLOW_CHECK_ROUNDS`` rounds) and everything at larger batches. Why: the best gamma
 differs between requests and between stretches of one request (per prompt, the best fixed gamma of the
-planner check's 12 evaluation prompts ranges from 3 to 8, and choosing it per prompt would be 7.6%
-faster than the best single gamma), and the model's per-request estimate reacts slowly: it learns
-position i's rate only from rounds that drafted that far, and the shared rates it starts from are
+planner check's 12 evaluation prompts ranges from 3 to 8, and choosing it per prompt would be 8%
+faster than the best single gamma: docs/experiments/per_prompt_best.py), and the model's per-request
+estimate reacts slowly: it learns position i's rate only from rounds that drafted that far, and the shared rates it starts from are
 measured mostly on requests that reach deep positions. Depth that follows the runs reacts within a
 round or two. Measured side by side on the two halves of the held-out prompts
 (``docs/experiments/policy_variants.py``, with ``--swap`` for the second half): the model alone reached
