@@ -3,12 +3,15 @@
 
 1. the draft (int8 weights, 2048-id head) and the target: a whole step (``forward``, one native call
    since ``kernels.model_pass``), the same step taken piece by piece (embedding, ``run_layers``, final
-   norm and LM head: the path before that change), and ``run_layers`` alone;
+   norm and LM head: the path before that change), ``run_layers`` alone, and the bare native call
+   (``model_pass``'s C function called with its arguments built beforehand: the floor for any Python
+   around it; since ``kernels.PassArgs`` a step prepares them once, so ``forward`` nears it);
 2. the AVX2 loop's int8 rows against its bf16 weights for the draft's nine linear layers in sequence at
    one row (what ``kernels.INT8_ROWS`` rests on), with AMX switched off for the packing.
 
     OMP_NUM_THREADS=1 python docs/experiments/draft_step_pieces.py
 """
+import ctypes
 import statistics
 import time
 
@@ -48,7 +51,17 @@ for name, model, limit in (("draft", pair.draft, EMBEDDED_DRAFT_VOCAB), ("target
         step = timed(lambda: model.forward(token, cache, last_only=True, vocab_limit=limit))
         stepwise = timed(pieces)
         alone = timed(lambda: model.run_layers(model.embed(token), cache, 0, layers))
-    print(f"{name:6s}: one call {step:6.1f} us, piece by piece {stepwise:6.1f} us, run_layers alone {alone:6.1f} us")
+    args = model._pass_args[(True, limit)]  # what the steps above prepared
+    array, array_int8, rows_int8, count = args.arrays
+    logits, offset = torch.empty(1, 1, args.vocab), 200 * args.row_bytes
+    args.lengths[0] = 200
+    arguments = (token.data_ptr(), 1, *args.layers, array_int8 if array_int8 is not None else array, count,
+                 args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, 201, *args.norm,
+                 *args.head_for(1), args.vocab, 1, logits.data_ptr(), 1)
+    native = kernels.library().model_pass
+    bare = timed(lambda: native(*arguments))
+    print(f"{name:6s}: one call {step:6.1f} us, piece by piece {stepwise:6.1f} us, run_layers alone {alone:6.1f} us, "
+          f"bare native call {bare:6.1f} us")
 
 shapes = [(384, 256), (256, 256), (1536, 256), (256, 768)] * 2 + [(2048, 256)]  # the draft's linears + head
 generator = torch.Generator().manual_seed(0)

@@ -263,8 +263,8 @@ class LlamaForCausalLM(nn.Module):
         changed). On the Xeon the one call took a draft step with the 2048-id head from 236-238 us piece
         by piece to 174-179 us, a target decode step from 1.71-1.72 to 1.61 ms
         (docs/experiments/draft_step_pieces.py); preparing its arguments once then took the draft step
-        from 180 to 116-117 us (the bare native call: 76-80 us) and the target step from 1.67-1.68 to
-        1.58 ms (docs/experiments/pass_overhead.py). None where a step would not take the kernel (then
+        from 191 to 125-133 us (the bare native call: 88-90 us) and the target step from 1.63-1.64 to
+        1.55-1.56 ms (the same script). None where a step would not take the kernel (then
         the caller runs the steps)."""
         num_new = tokens.shape[1]
         if not kernels.FUSED_LAYERS or tokens.dtype != torch.long or tokens.is_cuda or num_new > kernels.max_fused():
