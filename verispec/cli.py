@@ -148,8 +148,10 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4; the maximum "
                                                              "with --gamma-policy adaptive|hf)")
     parser.add_argument("--gamma-policy", choices=["fixed", "adaptive", "hf"], default="fixed",
-                        help="fixed: always --gamma; adaptive: pick gamma (0 = off) from measured round "
-                             "times and acceptance; hf: transformers' +2 if all accepted / -1 otherwise")
+                        help="fixed: always --gamma; adaptive: speculate or not (0 = off) from measured "
+                             "round times and acceptance, the depth following the request's runs (+2 after a "
+                             "fully accepted round, -1 otherwise, up to --gamma); hf: transformers' +2 if all "
+                             "accepted / -1 otherwise")
     parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
                              "root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default s3_k2_d6")

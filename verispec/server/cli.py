@@ -34,7 +34,9 @@ def add_parser(commands) -> None:
     serve.add_argument("--adaptive", action="store_true",
                        help="choose gamma per round from measured round times and acceptance for the load "
                             "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
-                            "batch is large; the draft catches up on what it missed only where that pays")
+                            "batch is large; the draft catches up on what it missed only where that pays. "
+                            "A lone request's depth follows its runs (+2 after a fully accepted round, -1 "
+                            "otherwise, up to --gamma)")
     from verispec.cli import add_draft_options
 
     add_draft_options(serve)
