@@ -559,24 +559,3 @@ def test_a_first_climb_is_offered_the_gain_the_smaller_buckets_trend_to():
     assert afford_switch(nearest, 16, 1, Backlog(800, 768)) == 1
     growing = decided({4: 1.05, 8: 1.10})
     assert growing._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
-
-
-def test_the_backlog_expects_rows_to_end_where_finished_requests_did(models):
-    """Before any request finished, each row may still generate up to its max_tokens; afterwards a row
-    short of the finished requests' average share of max_tokens is expected to stop there, and a row
-    past it to run to its max_tokens."""
-    target, draft = models
-    engine = BatchEngine(target, draft, SpecConfig(gamma=3), max_batch=4, gamma_policy=FixedGamma(0))
-    for request in (BatchRequest("a", [1, 2, 3], GREEDY, StopRules(max_tokens=40, ignore_eos=True)),
-                    BatchRequest("b", [4, 5], GREEDY, StopRules(max_tokens=20, ignore_eos=True))):
-        engine.add(request)
-    for _ in range(5):
-        engine.step()
-    done = [len(s.generated) for s in engine.rows]
-    assert done == [6, 6]
-    assert engine._backlog().remaining == (40 - 6) + (20 - 6)
-    engine.finished_fractions.extend([0.25, 0.75])  # finished requests went half way on average
-    assert engine._backlog().remaining == (20 - 6) + (10 - 6)  # a expected to stop at 20, b at 10
-    engine.finished_fractions.clear()
-    engine.finished_fractions.extend([0.25, 0.25])  # a quarter: b (at 6 of 20) is past its expected 5
-    assert engine._backlog().remaining == (10 - 6) + (20 - 6)

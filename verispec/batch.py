@@ -22,7 +22,6 @@ Chains with a draft model or n-gram lookup are batched; trees and early exit run
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -95,9 +94,6 @@ class BatchEngine:
         self.max_batch = max_batch
         self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
         self.rows: list[_Sequence] = []  # row i of the caches holds rows[i]
-        # Output length / max_tokens of recently finished requests (stop strings and EOS end many early):
-        # what ``_backlog`` expects of the running rows.
-        self.finished_fractions: deque[float] = deque(maxlen=64)
 
     @property
     def active(self) -> int:
@@ -158,8 +154,6 @@ class BatchEngine:
                 stop_text_index: int | None = None) -> BatchEvent:
         sequence = self.rows[row]
         sequence.stats.finish_reason = reason
-        if reason != "abort":
-            self.finished_fractions.append(len(sequence.generated) / max(1, sequence.request.stop.max_tokens))
         sequence.stats.e2e_s = time.perf_counter() - sequence.started
         last = len(self.rows) - 1
         if row != last:  # keep active rows contiguous: the last row moves into the hole
@@ -201,18 +195,9 @@ class BatchEngine:
         return [e for e in events if e.tokens or e.finished]
 
     def _backlog(self) -> Backlog:
-        """What the draft has not read, and what the rows may still generate: up to max_tokens, or, once
-        requests have finished, as far as the finished ones went on average (by their share of
-        max_tokens) for a row still short of that. A mixed load ends many requests on stop strings:
-        counting every row's max_tokens overstated what a switch to speculation could save."""
         unread = sum(max(0, len(s.context) - len(s.draft_seen) - 1) for s in self.rows)
-        share = sum(self.finished_fractions) / len(self.finished_fractions) if self.finished_fractions else 1.0
-        remaining = 0.0
-        for sequence in self.rows:
-            limit, done = sequence.request.stop.max_tokens, len(sequence.generated)
-            expected = share * limit
-            remaining += expected - done if done < expected else limit - done
-        return Backlog(unread, round(remaining))
+        remaining = sum(s.request.stop.max_tokens - len(s.generated) for s in self.rows)
+        return Backlog(unread, remaining)
 
     def _drafts_allowed(self, sequence: _Sequence, gamma: int) -> int:
         remaining = sequence.request.stop.max_tokens - len(sequence.generated)
