@@ -387,8 +387,8 @@ class AdaptiveGamma:
         """This request's depth under the run rule (module docstring): the largest candidate when the
         request is new, then +``RUN_UP`` after each fully accepted round and -1 after any other."""
         if self._run is None or self._run[0] is not request:
-            self._run = (request, max(self.candidates))
-        return min(self._run[1], max(self.candidates))
+            self._run = (request, self.candidates[-1])
+        return min(self._run[1], self.candidates[-1])
 
     def _rates(self, bucket: int, batch_size: int, tried: list[int], request: AcceptanceCounts | None,
                count: int) -> dict[int, float]:
@@ -464,7 +464,7 @@ class AdaptiveGamma:
         if self._run is not None and batch_size == 1 and gamma and drafted_per_row[0]:
             request, depth = self._run
             full = accepted_per_row[0] == drafted_per_row[0]
-            self._run = (request, min(depth + self.RUN_UP, 2 * max(self.candidates)) if full else max(1, depth - 1))
+            self._run = (request, min(depth + self.RUN_UP, 2 * self.candidates[-1]) if full else max(1, depth - 1))
 
 
 def _median(values) -> float:

@@ -52,10 +52,9 @@ for name, model, limit in (("draft", pair.draft, EMBEDDED_DRAFT_VOCAB), ("target
         stepwise = timed(pieces)
         alone = timed(lambda: model.run_layers(model.embed(token), cache, 0, layers))
     args = model._pass_args[(True, limit)]  # what the steps above prepared
-    array, array_int8, rows_int8, count = args.arrays
     logits, offset = torch.empty(1, 1, args.vocab), 200 * args.row_bytes
     args.lengths[0] = 200
-    arguments = (token.data_ptr(), 1, *args.layers, array_int8 if array_int8 is not None else array, count,
+    arguments = (token.data_ptr(), 1, *args.layers, ctypes.addressof(args.plan.array_for(1)), len(args.plan.weights),
                  args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, 201, *args.norm,
                  *args.head_for(1), args.vocab, 1, logits.data_ptr(), 1)
     native = kernels.library().model_pass

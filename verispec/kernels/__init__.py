@@ -611,8 +611,6 @@ class PassArgs:
         self.cos, self.sin = cos.data_ptr(), sin.data_ptr()
         self.layers = (embedding.data_ptr(), embedding.shape[0], embedding.shape[1], heads, kv_heads, head_dim,
                        intermediate, plan.eps)
-        self.arrays = (ctypes.addressof(plan.array), None if plan.array_int8 is None else ctypes.addressof(plan.array_int8),
-                       plan.rows_int8, len(plan.weights))
         # The cache by its storage, not by object: an engine's per-round views of one cache share it.
         self.kv = (cache.keys.data_ptr(), cache.values.data_ptr(), cache.keys.stride(0), cache.max_len)
         self.kv_strides = (cache.keys.stride(), cache.values.stride())
@@ -621,8 +619,8 @@ class PassArgs:
         self.norm = (self.norm_weight.data_ptr(), final_norm.eps)
         self.heads: dict[int, tuple | None] = {}  # rows -> (pointer, weight type, head rows), None: too many rows
 
-    @classmethod
-    def fits(cls, embedding: torch.Tensor, tables, final_norm: nn.Module, cache) -> bool:
+    @staticmethod
+    def fits(embedding: torch.Tensor, tables, final_norm: nn.Module, cache) -> bool:
         """The checks a pass needs once per build: fp32 contiguous embedding, rotary tables and norm, a
         cache the native layers can write (``pass_fits``)."""
         return (embedding.dtype == torch.float32 and not embedding.is_cuda and embedding.is_contiguous()
@@ -648,20 +646,19 @@ class PassArgs:
 
 def model_pass(args: PassArgs, cache, tokens: torch.Tensor, head: tuple) -> torch.Tensor:
     """One row's pass in one call (``model_pass`` in the C source): tokens (1, T) contiguous int64 CPU
-    ids placed after the row's committed slots in ``cache`` (the one ``args`` is current for), through the embedding, the plan's layers, the final
-    norm and the head (``head``: ``args.head_for(rows)``; its first head rows ids, the rest of the
-    vocabulary -inf). Logits (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked
+    ids placed after the row's committed slots in ``cache`` (the one ``args`` is current for), through
+    the embedding, the plan's layers, the final norm and the head (``head``: ``args.head_for(rows)``;
+    its first head rows ids, the rest of the vocabulary -inf). Logits (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked
     ``args.current``, the rows (at most ``max_fused()``) and the room in the cache."""
     num_new = tokens.shape[1]
     rows = 1 if args.last_only else num_new
     logits = torch.empty(1, rows, args.vocab, dtype=torch.float32)
     first = cache.lengths[0]
     args.lengths[0] = first
-    array, array_int8, rows_int8, count = args.arrays
     offset = first * args.row_bytes
     status = library().model_pass(
-        tokens.data_ptr(), num_new, *args.layers, array_int8 if array_int8 is not None and num_new <= rows_int8 else array,
-        count, args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, first + num_new, *args.norm, *head,
+        tokens.data_ptr(), num_new, *args.layers, ctypes.addressof(args.plan.array_for(num_new)),
+        len(args.plan.weights), args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, first + num_new, *args.norm, *head,
         args.vocab, int(args.last_only), logits.data_ptr(), torch.get_num_threads())
     if status == 2:
         raise IndexError(f"a token id is outside the embedding's {args.layers[1]} rows")
