@@ -38,23 +38,24 @@ def tiny_pair(tmp_path_factory):
     return target, draft
 
 
-def exact_target_distribution(target, sampling: SamplingParams) -> dict[tuple[int, ...], float]:
+def exact_target_distribution(target, sampling: SamplingParams, length: int = LENGTH) -> dict[tuple[int, ...], float]:
     from verispec.sampling import logits_to_probs
 
     table = {}
     with torch.no_grad():
-        for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+        for seq in itertools.product(range(VOCAB), repeat=length):
             logits = target.train_forward(torch.tensor([PROMPT + list(seq[:-1])]))[0][0, len(PROMPT) - 1:]
             probs = logits_to_probs(logits, sampling)  # (LENGTH, V): the distribution of each next token
             table[seq] = math.prod(float(probs[i, token]) for i, token in enumerate(seq))
     return table
 
 
-def sample_sequences(target, draft, sampling, vocab_limit=None):
-    engine = SpecEngine(target, DraftModelDrafter(draft, vocab_limit=vocab_limit))
+def sample_sequences(target, draft, sampling, vocab_limit=None, gamma_policy=None, gamma=2, length=LENGTH):
+    engine = SpecEngine(target, DraftModelDrafter(draft, vocab_limit=vocab_limit), gamma_policy=gamma_policy)
+    spec = SpecConfig(gamma=gamma, gamma_policy="fixed" if gamma_policy is None else "adaptive")
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(SAMPLES):
-        tokens = tuple(engine.generate(PROMPT, sampling, SpecConfig(gamma=2), StopRules(max_tokens=LENGTH), seed=seed).tokens)
+        tokens = tuple(engine.generate(PROMPT, sampling, spec, StopRules(max_tokens=length), seed=seed).tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     return counts
 
@@ -94,6 +95,35 @@ def test_a_draft_limited_to_part_of_the_vocabulary_stays_lossless(tiny_pair, sam
     target, draft = tiny_pair
     expected = exact_target_distribution(target, sampling)
     counts = sample_sequences(target, draft, sampling, vocab_limit=2)
+    p_value, tv, bound = agreement(expected, counts)
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_drafts_per_round_chosen_from_earlier_acceptance_stay_lossless(tiny_pair, sampling):
+    """The adaptive policy at batch 1: each round's number of drafts follows the request's earlier
+    rounds (+2 after a fully accepted round, -1 otherwise), so it depends on earlier random outcomes;
+    every round is still verified exactly, and the sequences still follow the target. Six tokens, so
+    that a request has rounds after its first with room for more than one draft."""
+    from verispec.adaptive import AdaptiveGamma
+
+    class CheapRounds(AdaptiveGamma):
+        """Rounds timed as nearly free drafting, whatever the machine: speculation always pays, so the
+        run rule, not the cost model, picks the drafts."""
+
+        def __init__(self):
+            super().__init__(max_gamma=3, min_samples=1)
+            self.drafted: set[int] = set()
+
+        def observe(self, batch_size, gamma, seconds, accepted, drafted):
+            self.drafted.add(drafted[0])
+            super().observe(batch_size, gamma, 0.01 + 0.0001 * gamma, accepted, drafted)
+
+    target, draft = tiny_pair
+    policy = CheapRounds()
+    expected = exact_target_distribution(target, sampling, length=6)
+    counts = sample_sequences(target, draft, sampling, gamma_policy=policy, gamma=3, length=6)
+    assert {1, 2, 3} <= policy.drafted  # the depth really moved with the outcomes
     p_value, tv, bound = agreement(expected, counts)
     assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
 
