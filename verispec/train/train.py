@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="share of micro-batches the target generated itself (default: the recipe's)")
     draft.add_argument("--greedy-fraction", type=float, default=None,
                        help="share of those generated greedily rather than at temperature 1 (default: the recipe's)")
+    draft.add_argument("--ce-weight", type=float, default=None,
+                       help="weight of next-token cross-entropy on the text against KL to the target "
+                            "(0 = pure distillation; default: the recipe's)")
+    draft.add_argument("--seed", type=int, default=None,
+                       help="data order and sampling seed (default: the recipe's; change it when "
+                            "continuing from --init so the draft sees text it has not seen)")
 
     compressed = commands.add_parser("compressed", help="train a compressed-attention target (issue-6 figures)")
     compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
@@ -95,8 +101,17 @@ def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
     changes = {}
     if args.layers is not None:
         changes["model"] = replace(recipe.model, num_hidden_layers=args.layers)
+    optim = {}
     if args.lr is not None:
-        changes["optim"] = replace(recipe.optim, lr=args.lr)
+        optim["lr"] = args.lr
+    if args.seed is not None:
+        optim["seed"] = args.seed
+    if optim:
+        changes["optim"] = replace(recipe.optim, **optim)
+    if args.ce_weight is not None:
+        if not 0.0 <= args.ce_weight <= 1.0:
+            raise SystemExit("verispec train draft: --ce-weight must lie in [0, 1]")
+        changes["ce_weight"] = args.ce_weight
     if args.sample_fraction is not None:
         changes["target_sample_fraction"] = args.sample_fraction
     if args.greedy_fraction is not None:
