@@ -31,12 +31,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec import profile as profiler
-from verispec.adaptive import AdaptiveGamma
+from verispec.adaptive import AdaptiveGamma, FixedGamma
 from verispec.batch import BatchEngine, BatchEvent
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.loading import DEFAULT_TARGET, ModelPair
 from verispec.models.llama import LlamaForCausalLM
+from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.metrics import ServerMetrics
 from verispec.server.prepare import Prepared, RequestBuilder
@@ -67,8 +68,10 @@ def default_model_name(pair: ModelPair) -> str:
 
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
-                       profile: dict | None = None) -> BatchEngine:
-    """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1."""
+                       profile: dict | None = None, trace_rounds: str | None = None) -> BatchEngine:
+    """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1.
+    ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
+    (``verispec.policy_trace``)."""
     if adaptive and not spec.enabled:
         raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
     if profile is not None and not adaptive:
@@ -83,6 +86,11 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
         raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
                             "transformers adapter (--backend hf, other architectures) and the compressed-attention "
                             "model decode one request at a time: use verispec generate")
+    if trace_rounds is not None:
+        try:
+            policy = PolicyTrace(policy or FixedGamma(spec.gamma if spec.enabled else 0), trace_rounds)
+        except OSError as err:
+            raise VerispecError(f"--trace-rounds: cannot open {trace_rounds!r}: {err}") from None
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
@@ -90,9 +98,10 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
 
 
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
-               adaptive: bool = False, model_name: str | None = None, profile: dict | None = None) -> FastAPI:
+               adaptive: bool = False, model_name: str | None = None, profile: dict | None = None,
+               trace_rounds: str | None = None) -> FastAPI:
     model_name = model_name or default_model_name(pair)
-    engine = build_batch_engine(pair, spec, config, adaptive, profile)
+    engine = build_batch_engine(pair, spec, config, adaptive, profile, trace_rounds)
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, config, metrics)
     builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)

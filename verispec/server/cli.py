@@ -44,6 +44,10 @@ def add_parser(commands) -> None:
                        help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
                             "(verispec profile --calibrate N --out FILE) instead of climbing from 0; the "
                             "server's own rounds then replace the profile's estimates")
+    serve.add_argument("--trace-rounds", metavar="FILE",
+                       help="append one JSON line per round to FILE: batch size, the load chosen for, the gamma "
+                            "chosen and the one run after the draft's reads were priced, round time, rows that "
+                            "drafted, drafts accepted (to see why the server speculated or did not)")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help=f"requests decoded together (default {defaults.max_batch})")
     serve.add_argument("--max-queue", type=int, default=defaults.max_queue,
@@ -105,7 +109,8 @@ def run_serve(args: argparse.Namespace) -> int:
             profile = profiler.load(args.profile)
         except (OSError, ValueError) as err:
             raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
-    app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile)
+    app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile,
+                     trace_rounds=args.trace_rounds)
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
