@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -559,3 +560,37 @@ def test_a_first_climb_is_offered_the_gain_the_smaller_buckets_trend_to():
     assert afford_switch(nearest, 16, 1, Backlog(800, 768)) == 1
     growing = decided({4: 1.05, 8: 1.10})
     assert growing._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
+
+
+def test_a_traced_policy_decides_as_untraced_and_logs_every_round(models, tmp_path):
+    """``PolicyTrace`` (serve --trace-rounds) passes every call through, so the traced run decodes the
+    same tokens with the same gammas, and writes one line per round that matches what the round did."""
+    from verispec.policy_trace import PolicyTrace
+
+    target, draft = models
+    queue = requests(10, GREEDY)
+    plain, _ = run_batched(BatchEngine(target, draft, SpecConfig(gamma=4), max_batch=4,
+                                       gamma_policy=HFHeuristicGamma(initial=2, max_gamma=4)), queue)
+    path = tmp_path / "rounds.jsonl"
+    traced_policy = PolicyTrace(HFHeuristicGamma(initial=2, max_gamma=4), path)
+    traced, _ = run_batched(BatchEngine(target, draft, SpecConfig(gamma=4), max_batch=4,
+                                        gamma_policy=traced_policy), queue)
+    traced_policy.close()
+    assert traced == plain
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["policy"] == "HFHeuristicGamma" and "start" in lines[0]
+    rounds = lines[1:]
+    assert len(rounds) >= len(queue)
+    for line in rounds:
+        assert 1 <= line["batch"] <= 4 and line["seconds"] > 0
+        assert line["gamma"] <= line["chosen"] <= 4
+        assert line["drafted"] == 0 or line["gamma"] > 0  # rows on their last token draft nothing
+        assert 0 <= line["accepted"] <= line["gamma"] * line["drafted"]
+    assert len({line["gamma"] for line in rounds}) > 1  # the rule moved, and the trace saw it
+    # An adaptive policy's decisions carry the load it chose for, and its reads are priced through the trace.
+    adaptive = PolicyTrace(AdaptiveGamma(max_gamma=3), tmp_path / "adaptive.jsonl")
+    run_batched(BatchEngine(target, draft, SpecConfig(gamma=3), max_batch=4, gamma_policy=adaptive), queue)
+    adaptive.close()
+    rounds = [json.loads(line) for line in (tmp_path / "adaptive.jsonl").read_text().splitlines()[1:]]
+    assert all(line["load"] >= line["batch"] for line in rounds)
+    assert any("backlog" in line for line in rounds) and adaptive.counts.rounds > 0

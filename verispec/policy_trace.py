@@ -7,7 +7,9 @@ Each line: ``t`` (seconds since the trace opened), ``batch`` (rows in the round)
 size the policy chose for, where it has one), ``chosen`` (its gamma), ``backlog`` / ``remaining``
 (tokens the draft had to read first / the rows may still generate, when it was asked whether the switch
 pays), ``gamma`` (what the round ran with after that), ``seconds`` (the round's steady time as the
-policy saw it), ``drafted`` (rows that drafted) and ``accepted`` (drafts accepted, summed over rows).
+policy saw it, without the draft's reads), ``drafted`` (rows that drafted), ``accepted`` (drafts accepted,
+summed over rows), and where the draft read before the round ``read_tokens`` / ``read_s`` (all it read)
+and ``charged_s`` (the part that was new requests' prompts).
 Everything else is passed through to the wrapped policy. ``verispec serve --trace-rounds FILE`` wraps
 the server's policy; lines are appended, each server start writes a ``{"start": ...}`` line first.
 """
@@ -43,6 +45,18 @@ class PolicyTrace:
         self.pending.update(backlog=backlog.tokens, remaining=backlog.remaining)
         afford = getattr(self.policy, "afford", None)
         return afford(batch_size, gamma, backlog) if afford is not None else gamma
+
+    def reads(self, tokens: int, seconds: float) -> None:
+        self.pending.update(read_tokens=tokens, read_s=round(seconds, 6))
+        reads = getattr(self.policy, "reads", None)
+        if reads is not None:
+            reads(tokens, seconds)
+
+    def charge(self, batch_size: int, seconds: float) -> None:
+        self.pending["charged_s"] = round(seconds, 6)
+        charge = getattr(self.policy, "charge", None)
+        if charge is not None:
+            charge(batch_size, seconds)
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
                 drafted_per_row: list[int]) -> None:
