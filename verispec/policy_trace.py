@@ -6,7 +6,8 @@
 Each line: ``t`` (seconds since the trace opened), ``batch`` (rows in the round), ``load`` (the batch
 size the policy chose for, where it has one), ``chosen`` (its gamma), ``backlog`` / ``remaining``
 (tokens the draft had to read first / the rows may still generate, when it was asked whether the switch
-pays), ``gamma`` (what the round ran with after that), ``seconds`` (the round's steady time as the
+pays; an adaptive policy adds its price per read token ``read_price`` and the gain it offers a first
+climb in that bucket, ``gain``), ``gamma`` (what the round ran with after that), ``seconds`` (the round's steady time as the
 policy saw it, without the draft's reads), ``drafted`` (rows that drafted), ``accepted`` (drafts accepted,
 summed over rows), and where the draft read before the round ``read_tokens`` / ``read_s`` (all it read)
 and ``charged_s`` (the part that was new requests' prompts).
@@ -43,6 +44,11 @@ class PolicyTrace:
 
     def afford(self, batch_size: int, gamma: int, backlog: Backlog) -> int:
         self.pending.update(backlog=backlog.tokens, remaining=backlog.remaining)
+        price = getattr(self.policy, "read_seconds_per_token", None)
+        if price is not None and price() is not None:  # the adaptive policy's view of the switch
+            bucket = self.policy.bucket(self.policy.load(batch_size))
+            gain = self.policy._smaller_gain(bucket)
+            self.pending.update(read_price=round(price(), 8), gain=None if gain is None else round(gain, 4))
         afford = getattr(self.policy, "afford", None)
         return afford(batch_size, gamma, backlog) if afford is not None else gamma
 
