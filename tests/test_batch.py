@@ -151,6 +151,28 @@ def test_abort_frees_the_row_and_others_continue(models):
     assert len(out["b"]) > 0
 
 
+def test_finished_requests_report_their_output_lengths_and_aborted_ones_do_not(models):
+    """The adaptive policy prices prompt reads per output token from ``finished`` reports."""
+    class Finishing(Scripted):
+        def __init__(self):
+            super().__init__([2])
+            self.outputs = []
+
+        def finished(self, output_tokens):
+            self.outputs.append(output_tokens)
+
+    target, draft = models
+    policy = Finishing()
+    engine = BatchEngine(target, draft, SpecConfig(gamma=2), max_batch=4, gamma_policy=policy)
+    queue = requests(6, GREEDY)
+    engine.add(BatchRequest("gone", [1, 2, 3], GREEDY, StopRules(max_tokens=30)))
+    engine.step()
+    engine.abort("gone")
+    out, finished = run_batched(engine, queue)
+    assert sorted(policy.outputs) == sorted(len(out[r.request_id]) for r in queue)
+    assert all(finished[r.request_id].finish_reason != "abort" for r in queue)
+
+
 def _drive(policy, batch, round_seconds, accepted, rounds):
     """Run ``rounds`` rounds of a simulated machine; returns the gammas the policy chose."""
     chosen = []
@@ -293,27 +315,29 @@ def test_adaptive_policy_switches_off_when_verification_is_expensive():
 
 
 def test_charged_prompt_reading_makes_speculation_dearer():
-    """Seconds charged to speculation (the draft reading prompts) are spread over the bucket's rounds:
-    gamma 1 at 1.4 plain rounds for E[N] 1.5 wins by 7% until reads worth 0.1 plain rounds are charged
-    per round (a steady stream of new requests), then plain decoding is kept."""
-    def run(charge_per_round):
+    """Prompt reads are a cost per committed token while speculating: the mean read over the mean
+    output of a finished request. gamma 1 at 1.4 plain rounds for E[N] 1.5 wins by 7% until each
+    40-token request's prompt costs 4 ms to read (1.2 ms per 12-token round), then plain decoding is kept."""
+    def run(read_s):
         policy = AdaptiveGamma(max_gamma=1, candidates=(0, 1), explore_every=50, min_samples=1)
         chosen = []
         for _ in range(30):
             gamma = policy.choose(8)
             chosen.append(gamma)
-            if charge_per_round:
-                policy.charge(8, charge_per_round)
+            if read_s and gamma:
+                policy.charge(8, read_s, prompts=1)
             policy.observe(8, gamma, 0.01 * (1 + 0.4 * gamma), [1, 0] * 4 if gamma else [0] * 8, [gamma] * 8)
+            policy.finished(40)
         return policy, chosen
 
     free, chosen = run(0.0)
-    assert chosen[-10:] == [1] * 10 and free.overhead_per_round(8) == 0.0
-    charged, chosen = run(0.001)
-    assert charged.overhead_per_round(8) == pytest.approx(0.001)
-    assert charged.predicted_rate(8, 1) == pytest.approx(8 * 1.5 / 0.015)
+    assert chosen[-10:] == [1] * 10 and free.prompt_seconds_per_token() == 0.0
+    charged, chosen = run(0.004)
+    assert charged.prompt_seconds_per_token() == pytest.approx(0.004 / 40)
+    assert charged.predicted_rate(8, 1) == pytest.approx(12 / (0.014 + 12 * 0.004 / 40))
+    assert charged.predicted_rate(8, 0) == pytest.approx(8 / 0.01)  # plain decoding reads no prompt
     assert chosen[-10:] == [0] * 10
-    assert charged.predicted_rate(4, 1) is None  # another bucket: nothing measured, nothing charged
+    assert charged.predicted_rate(4, 1) is None  # another bucket: nothing measured
 
 
 def test_batch_engine_charges_prompt_reading_and_drops_gamma_zero_backlog(models):
@@ -325,8 +349,8 @@ def test_batch_engine_charges_prompt_reading_and_drops_gamma_zero_backlog(models
             super().__init__(gammas)
             self.charged, self.observed = [], []
 
-        def charge(self, batch_size, seconds):
-            self.charged.append(seconds)
+        def charge(self, batch_size, seconds, prompts=1):
+            self.charged.append((seconds, prompts))
 
         def observe(self, batch_size, gamma, seconds, accepted, drafted):
             self.observed.append((gamma, seconds))
@@ -340,19 +364,28 @@ def test_batch_engine_charges_prompt_reading_and_drops_gamma_zero_backlog(models
         engine.step()
     # Round 1 read the prompt (charged once); rounds 2-21 ran at gamma 0; round 22 caught up on 20+
     # tokens alone (neither charged nor observed).
-    assert len(policy.charged) == 1 and policy.charged[0] > 0
+    assert len(policy.charged) == 1 and policy.charged[0][0] > 0 and policy.charged[0][1] == 1
     assert [g for g, _ in policy.observed][:23] == [2] + [0] * 20 + [2, 2]
 
 
-def test_charges_are_spread_over_every_round_of_the_bucket():
-    """A re-measure after a long stretch at gamma 0 reads every prompt admitted meanwhile; spread over
-    the speculative rounds alone (one) that would lock speculation out for good."""
-    policy = AdaptiveGamma(max_gamma=2, candidates=(0, 1))
-    for _ in range(99):
-        policy.observe(8, 0, 0.01, [0] * 8, [0] * 8)
-    policy.charge(8, 0.05)  # the re-measure reads the prompts of everyone admitted since
-    policy.observe(8, 1, 0.014, [1, 0] * 4, [1] * 8)
-    assert policy.overhead_per_round(8) == pytest.approx(0.05 / 100)
+def test_a_prompt_read_costs_the_same_however_rarely_the_bucket_speculates():
+    """A re-measure after 99 rounds at gamma 0 reads the 8 prompts admitted meanwhile in one round: that
+    is 8 reads' worth, not 8 per round (which would lock speculation out), and not one read spread over
+    100 rounds (which made a bucket that seldom speculates see a fraction of the price)."""
+    def price_after(plain_rounds):
+        policy = AdaptiveGamma(max_gamma=2, candidates=(0, 1))
+        for _ in range(plain_rounds):
+            policy.observe(8, 0, 0.01, [0] * 8, [0] * 8)
+        for _ in range(4):
+            policy.finished(48)
+        policy.charge(8, 0.016, prompts=8)  # the re-measure reads 8 prompts, 2 ms each
+        policy.observe(8, 1, 0.014, [1, 0] * 4, [1] * 8)
+        return policy
+
+    rare, often = price_after(99), price_after(3)
+    assert rare.prompt_seconds_per_token() == pytest.approx(0.002 / 48)
+    assert rare.predicted_rate(8, 1) == pytest.approx(often.predicted_rate(8, 1))
+    assert rare.predicted_rate(8, 1) == pytest.approx(12 / (0.014 + 12 * 0.002 / 48))
 
 
 def test_a_re_measured_neighbour_gets_a_fresh_estimate():

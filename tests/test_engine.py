@@ -200,7 +200,7 @@ def test_policy_is_not_charged_for_the_drafts_backlog(models):
         def observe(self, batch_size, gamma, seconds, accepted, drafted):
             self.seen.append((gamma, seconds))
 
-        def charge(self, batch_size, seconds):
+        def charge(self, batch_size, seconds, prompts=1):
             self.charged.append((len(self.seen), seconds))
 
     drafter = DraftModelDrafter(models["draft"])

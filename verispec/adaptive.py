@@ -92,9 +92,14 @@ whose tokens it verifies.
 Round times exclude the draft catching up on a backlog: what was committed while speculation was
 off is a cost of switching, paid once, and would make whichever gamma comes next look slow. The
 draft reading a new request's prompt is different: every request pays it as soon as it speculates at
-all, so engines report it through ``charge`` and it is spread over the bucket's rounds (at batch 8
-with 48-token requests it is several percent of a round, about the margin by which gamma 1 loses or
-wins there).
+all, so engines report it through ``charge`` (seconds, prompts read) and ``finished`` (a request's
+output tokens), and a speculative round's predicted time carries it per committed token: the mean
+seconds of a prompt read over the mean output tokens of a request (``prompt_seconds_per_token``). At
+batch 16 with 60-token prompts and 48-token outputs that is ~13% of a round of gamma 2, more than the
+margin by which speculation wins or loses there. Spread over every round of the bucket instead (as
+until the second night session of 2026-12-01), the price shrank with the share of rounds the bucket
+spent at gamma 0: one that speculated in 47 of 78 rounds saw 60% of it, and serving at concurrency 16
+kept gamma 2 where plain decoding was faster (``verispec serve --trace-rounds``).
 
 ``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
 accepted every draft, -1 otherwise.
@@ -182,9 +187,9 @@ class AdaptiveGamma:
         self._round_rows: dict[tuple[int, int], float] = {}
         self._stale: set[tuple[int, int]] = set()  # keys observed since their medians were last taken
         self.counts = AcceptanceCounts(max(self.candidates))  # every request's rounds
-        # Per bucket: seconds speculation paid outside its rounds (see ``charge``), and rounds observed.
-        self.charged_seconds: dict[int, float] = {}
-        self.observed_rounds: dict[int, int] = {}
+        # The draft's prompt reads (``charge``) and finished requests' outputs (``finished``).
+        self.prompt_read_seconds, self.prompts_read = 0.0, 0
+        self.requests_finished = self.output_tokens = 0
         self.rounds_in_bucket: dict[int, int] = {}
         self.last_best: dict[int, int] = {}  # per bucket: the best gamma when last checked
         # Per (bucket, best gamma): rounds until the next re-measure of that best's neighbours. Keyed
@@ -267,9 +272,10 @@ class AdaptiveGamma:
             return None
         if tokens is None:
             tokens = self.expected(acceptance if acceptance is not None else self.acceptance(), gamma)[gamma]
+        committed = self.round_rows[key] * tokens
         if gamma:
-            seconds += self.overhead_per_round(batch_size)
-        return self.round_rows[key] * tokens / seconds
+            seconds += committed * self.prompt_seconds_per_token()
+        return committed / seconds
 
     def expected(self, acceptance: list[float], top: int) -> list[float]:
         """E[N] for gamma 0..``top``: with ``min_rounds_for_start`` drafting rounds seen and position 2
@@ -282,15 +288,29 @@ class AdaptiveGamma:
             return expected_tokens_by_start(acceptance, share, top)
         return [expected_tokens(g, acceptance=acceptance) if g else 1.0 for g in range(top + 1)]
 
-    def charge(self, batch_size: int, seconds: float) -> None:
-        """Speculation's cost outside its rounds: the draft reading a new request's prompt. Plain
-        decoding never pays it, every gamma > 0 does, once per request. Spread over all of the
-        bucket's rounds (per round: requests admitted per round x the cost of one read, whether the
-        reads happen every round or in the occasional re-measure that reads every request admitted
-        since) it makes speculation dearer, not one gamma. Spread over the speculative rounds only,
-        a bucket that speculates rarely would pay for many reads per round and never speculate again."""
-        bucket = self.bucket(batch_size)
-        self.charged_seconds[bucket] = self.charged_seconds.get(bucket, 0.0) + seconds
+    def charge(self, batch_size: int, seconds: float, prompts: int = 1) -> None:
+        """Speculation's cost outside its rounds: the draft read ``prompts`` new requests' prompts in
+        ``seconds``. Plain decoding never pays it, every gamma > 0 does, once per request: it enters
+        the rates as ``prompt_seconds_per_token``, a per-request cost over a request's output. Not
+        spread over the rounds it happened in: a re-measure after a long stretch at gamma 0 reads the
+        prompts of every request admitted since, and charged to its few rounds that would lock
+        speculation out for good; nor over all of a bucket's rounds (module docstring)."""
+        if prompts > 0 and seconds > 0:
+            self.prompt_read_seconds += seconds
+            self.prompts_read += prompts
+
+    def finished(self, output_tokens: int) -> None:
+        """A request finished (by length or stop, not aborted) with ``output_tokens`` tokens."""
+        if output_tokens > 0:
+            self.requests_finished += 1
+            self.output_tokens += output_tokens
+
+    def prompt_seconds_per_token(self) -> float:
+        """The draft's prompt reading per committed token while speculating: the mean seconds of a
+        prompt read over the mean output of a finished request. 0 until both are known."""
+        if not self.prompts_read or not self.output_tokens:
+            return 0.0
+        return (self.prompt_read_seconds / self.prompts_read) * (self.requests_finished / self.output_tokens)
 
     def reads(self, tokens: int, seconds: float) -> None:
         """The draft read ``tokens`` committed tokens (prompts, backlogs) in ``seconds``."""
@@ -324,11 +344,6 @@ class AdaptiveGamma:
         if not plain_rate or not rate:
             return gamma
         return gamma if backlog.remaining * (1 / plain_rate - 1 / rate) >= cost else 0
-
-    def overhead_per_round(self, batch_size: int) -> float:
-        bucket = self.bucket(batch_size)
-        rounds = self.observed_rounds.get(bucket, 0)
-        return self.charged_seconds.get(bucket, 0.0) / rounds if rounds else 0.0
 
     def load(self, batch_size: int) -> int:
         """The batch size a choice is made for: the largest of the last ``hold_rounds`` rounds (module
@@ -442,7 +457,6 @@ class AdaptiveGamma:
                 drafted_per_row: list[int]) -> None:
         """Record one round: its wall time and, per row, accepted and proposed drafts."""
         key = (self.bucket(batch_size), gamma)
-        self.observed_rounds[key[0]] = self.observed_rounds.get(key[0], 0) + 1
         count = self.samples[key] = self.samples.get(key, 0) + 1
         self.plain_seconds[key[0]] = self.plain_seconds.get(key[0], 0.0) + seconds if gamma == 0 else 0.0
         recent = self.recent.get(key)
@@ -474,15 +488,22 @@ def _median(values) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, seconds: float) -> None:
+def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, seconds: float,
+                       prompts: int = 1) -> None:
     """Tell ``policy`` what the draft read before a round: ``tokens`` in ``seconds`` in all (its price
-    per token: ``AdaptiveGamma.reads``), of which ``charged_s`` were new requests' prompts (a cost of
-    speculating at all: ``AdaptiveGamma.charge``). Policies without those methods (fixed, HF's
-    heuristic, a user's own) ignore both."""
-    if charged_s and hasattr(policy, "charge"):
-        policy.charge(batch_size, charged_s)
+    per token: ``AdaptiveGamma.reads``), of which ``charged_s`` were ``prompts`` new requests' prompts
+    (a cost of speculating at all: ``AdaptiveGamma.charge``). Policies without those methods (fixed,
+    HF's heuristic, a user's own) ignore both."""
+    if charged_s and prompts and hasattr(policy, "charge"):
+        policy.charge(batch_size, charged_s, prompts)
     if tokens and hasattr(policy, "reads"):
         policy.reads(tokens, seconds)
+
+
+def report_finished(policy, output_tokens: int) -> None:
+    """Tell ``policy`` a request finished with ``output_tokens`` tokens (``AdaptiveGamma.finished``)."""
+    if hasattr(policy, "finished"):
+        policy.finished(output_tokens)
 
 
 def afford_switch(policy, batch_size: int, gamma: int, backlog: Backlog) -> int:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts, Backlog, FixedGamma, afford_switch, report_draft_reads
+from verispec.adaptive import (AcceptanceCounts, Backlog, FixedGamma, afford_switch, report_draft_reads,
+                               report_finished)
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.ngram import NgramDrafter
@@ -154,6 +155,8 @@ class BatchEngine:
                 stop_text_index: int | None = None) -> BatchEvent:
         sequence = self.rows[row]
         sequence.stats.finish_reason = reason
+        if reason != "abort":
+            report_finished(self.gamma_policy, len(sequence.generated))
         sequence.stats.e2e_s = time.perf_counter() - sequence.started
         last = len(self.rows) - 1
         if row != last:  # keep active rows contiguous: the last row moves into the hole
@@ -176,7 +179,7 @@ class BatchEngine:
         if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
             gamma = afford_switch(self.gamma_policy, len(self.rows), gamma, self._backlog())
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
-        prompts_s, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0.0, 0)
+        prompts_s, prompts, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0, 0.0, 0)
         drafts, draft_probs = self._propose(num_drafts)
         drafted_at = time.perf_counter()
         verdicts = self._verify(drafts, draft_probs, num_drafts)
@@ -187,7 +190,7 @@ class BatchEngine:
         # from gamma 0 (and judged before it, in ``afford``), and counting it would make the first
         # rounds of any gamma look slow. Reading a new request's prompt is a cost of speculating at
         # all: charged to speculation as a whole.
-        report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, read_tokens, reads_s)
+        report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, read_tokens, reads_s, prompts)
         self.gamma_policy.observe(len(verdicts), gamma, now - began - reads_s,
                                   [v.num_accepted for v in verdicts], num_drafts)
         self._record(sequences, events, verdicts, num_drafts,
@@ -253,17 +256,17 @@ class BatchEngine:
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
 
-    def _catch_up_alone(self) -> tuple[float, float, int]:
+    def _catch_up_alone(self) -> tuple[float, int, float, int]:
         """Feed the draft, row by row, every row's long backlog but its last token.
 
         The draft reads a sequence lazily: its prompt, and whatever was committed while the batch ran
         at gamma 0, only once it drafts for it; a batch held at gamma 0 never runs the draft at all.
         A long backlog goes in alone, because the batched catch-up pads every row to the longest.
-        Returns the seconds spent on rows the draft had never read (their prompts), the seconds in
-        all, and the tokens read."""
+        Returns the seconds spent on rows the draft had never read (their prompts) and how many
+        they were, the seconds in all, and the tokens read."""
         if self.draft is None:
-            return 0.0, 0.0, 0
-        prompts_s, total_s, tokens = 0.0, 0.0, 0
+            return 0.0, 0, 0.0, 0
+        prompts_s, prompts, total_s, tokens = 0.0, 0, 0.0, 0
         for row, sequence in enumerate(self.rows):
             backlog = sequence.context[len(sequence.draft_seen):-1]
             if len(backlog) < CATCH_UP_ALONE:
@@ -277,9 +280,10 @@ class BatchEngine:
             sequence.draft_seen.extend(backlog)
             seconds = time.perf_counter() - began
             prompts_s += seconds if fresh else 0.0
+            prompts += fresh
             total_s += seconds
             tokens += len(backlog)
-        return prompts_s, total_s, tokens
+        return prompts_s, prompts, total_s, tokens
 
     def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
                 num_drafts: list[int]) -> list[ChainResult]:

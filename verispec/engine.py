@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts, report_draft_reads
+from verispec.adaptive import AcceptanceCounts, report_draft_reads, report_finished
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal
@@ -114,6 +114,8 @@ class Generation:
                 yield chunk
         self.stats.e2e_s = time.perf_counter() - start
         self.stats.finish_reason = self.finish_reason
+        if self.engine.gamma_policy is not None and self.spec.method == "chain":
+            report_finished(self.engine.gamma_policy, len(self.generated))
         self.result = GenerationResult(self.generated, self.stats, self.finish_reason, self.stop_text_index)
 
     # ---- the steps ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ pays; an adaptive policy adds its price per read token ``read_price`` and the ga
 climb in that bucket, ``gain``), ``gamma`` (what the round ran with after that), ``seconds`` (the round's steady time as the
 policy saw it, without the draft's reads), ``drafted`` (rows that drafted), ``accepted`` (drafts accepted,
 summed over rows), and where the draft read before the round ``read_tokens`` / ``read_s`` (all it read)
-and ``charged_s`` (the part that was new requests' prompts).
+and ``charged_s`` / ``prompts`` (the part that was new requests' prompts, and how many).
 Everything else is passed through to the wrapped policy. ``verispec serve --trace-rounds FILE`` wraps
 the server's policy; lines are appended, each server start writes a ``{"start": ...}`` line first.
 """
@@ -58,11 +58,11 @@ class PolicyTrace:
         if reads is not None:
             reads(tokens, seconds)
 
-    def charge(self, batch_size: int, seconds: float) -> None:
-        self.pending["charged_s"] = round(seconds, 6)
+    def charge(self, batch_size: int, seconds: float, prompts: int = 1) -> None:
+        self.pending.update(charged_s=round(seconds, 6), prompts=prompts)
         charge = getattr(self.policy, "charge", None)
         if charge is not None:
-            charge(batch_size, seconds)
+            charge(batch_size, seconds, prompts)
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
                 drafted_per_row: list[int]) -> None:

@@ -20,7 +20,7 @@ for p in cal: engine.generate(p, G, spec, stop)
 def show():
     print("  round ms:", {g: round(1e3 * pol.round_seconds[(1, g)], 2) for g in pol.candidates if (1, g) in pol.round_seconds},
           "samples", {g: pol.samples.get((1, g)) for g in pol.candidates},
-          "overhead ms", round(1e3 * pol.overhead_per_round(1), 3))
+          "prompt reads ms/token", round(1e3 * pol.prompt_seconds_per_token(), 4))
     acc = pol.acceptance()
     print("  rate:", {g: round(pol.predicted_rate(1, g, acc) or 0, 1) for g in pol.candidates})
 show()

@@ -51,7 +51,7 @@ reads = {"s": 0.0}
 adaptive = engines["adaptive"]
 original = adaptive._catch_up_alone
 def timed():
-    prompts_s, total_s, tokens = original(); reads["s"] += total_s; return prompts_s, total_s, tokens
+    prompts_s, prompts, total_s, tokens = original(); reads["s"] += total_s; return prompts_s, prompts, total_s, tokens
 adaptive._catch_up_alone = timed
 ran = []  # (bucket, gamma) per round the adaptive policy observed
 policy_observe = adaptive.gamma_policy.observe
