@@ -51,6 +51,12 @@ def test_config_errors_name_the_problem(tmp_path):
         load_config(overrides={"prompts": {"workloads": ["gsm8k"]}})
     with pytest.raises(VerispecError, match="serving needs endpoints"):
         load_config(overrides={"mode": "serving"})
+    env = tmp_path / "env.toml"
+    env.write_text('[[serving.launch]]\nname = "old"\nargs = ["--method", "none"]\nenv = { PYTHONPATH = "/tmp/old" }\n')
+    assert load_config(env).serving.launch[0].env == (("PYTHONPATH", "/tmp/old"),)
+    env.write_text('[[serving.launch]]\nname = "old"\nenv = { PYTHONPATH = 3 }\n')
+    with pytest.raises(VerispecError, match=r"env must be a table of strings"):
+        load_config(env)
 
 
 def test_matched_budget_is_verified_nodes():
@@ -445,11 +451,12 @@ def test_serving_relaunch_gives_every_repeat_fresh_servers(monkeypatch, relaunch
     from verispec.bench.config import LaunchSpec, ServingSettings
     from verispec.bench.run import _serving
 
-    launches, loads_run = [], []
+    launches, loads_run, environments = [], [], []
 
     @contextlib.contextmanager
-    def fake_server(args):
+    def fake_server(args, env=None):
         launches.append(args[-1])
+        environments.append((args[-1], env))
         yield f"http://127.0.0.1:{len(launches)}"
 
     async def fake_load(endpoint, jobs, load, settings, sampling, tokenizer, seed, bar=None):
@@ -461,11 +468,13 @@ def test_serving_relaunch_gives_every_repeat_fresh_servers(monkeypatch, relaunch
     monkeypatch.setattr(serving, "run_load", fake_load)
     monkeypatch.setattr(serving, "resolve_endpoint",
                         lambda name, url, model, stats: serving.ResolvedEndpoint(name, url, "m", stats))
-    settings = ServingSettings(launch=(LaunchSpec("a", ("--x", "a")), LaunchSpec("b", ("--x", "b"))),
+    settings = ServingSettings(launch=(LaunchSpec("a", ("--x", "a")),
+                                       LaunchSpec("b", ("--x", "b"), env=(("PYTHONPATH", "/old"),))),
                                request_rates=(), max_concurrency=(1, 4), repeats=3, relaunch=relaunch)
     config = dataclasses.replace(BenchConfig(), serving=settings, mode="serving")
     _serving(config, None, ["p"], SamplingParams(), lambda p, i, repeat, load: (p, i, repeat, load), False)
     assert len(launches) == (6 if relaunch else 2)
+    assert {name: env for name, env in environments} == {"a": {}, "b": {"PYTHONPATH": "/old"}}
     assert len(loads_run) == 2 * 2 * 3  # endpoints x load points x repeats
     servers_per_repeat = {repeat: {url for _, url, _, r in loads_run if r == repeat} for repeat in range(3)}
     if relaunch:

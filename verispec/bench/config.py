@@ -107,10 +107,13 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """A ``verispec serve`` this run starts (on a free local port) with these extra arguments."""
+    """A ``verispec serve`` this run starts (on a free local port) with these extra arguments, and these
+    environment variables set on top of the bench's own (``env = { PYTHONPATH = "/tmp/old-worktree" }``
+    serves another checkout of verispec: two versions measured side by side in one run)."""
 
     name: str
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -326,7 +329,8 @@ def _build(cls, data: dict, where: str):
         elif cls is ServingSettings and name == "endpoints":
             kwargs[name] = tuple(_build(Endpoint, e, path) for e in _listify(value, path))
         elif cls is ServingSettings and name == "launch":
-            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=tuple(e.get("args", ()))), path)
+            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=tuple(e.get("args", ())),
+                                                          env=_environment(e.get("env", {}), path)), path)
                                  for e in _listify(value, path))
         elif isinstance(value, list):
             kwargs[name] = tuple(_number(v) for v in value)
@@ -336,6 +340,12 @@ def _build(cls, data: dict, where: str):
         return cls(**kwargs)
     except TypeError as err:
         raise VerispecError(f"bench config [{where}]: {err}") from None
+
+
+def _environment(value, path: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise VerispecError(f"bench config: {path}.env must be a table of strings (NAME = \"value\")")
+    return tuple(sorted(value.items()))
 
 
 def _listify(value, path: str) -> list[dict]:

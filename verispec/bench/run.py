@@ -123,7 +123,8 @@ def _serving(config: BenchConfig, tokenizer, prompts, sampling, make_job, progre
             with contextlib.ExitStack() as stack:
                 endpoints = []
                 for spec in settings.launch:
-                    url = stack.enter_context(launched_server(_model_args(config) + list(spec.args)))
+                    url = stack.enter_context(launched_server(_model_args(config) + list(spec.args),
+                                                              env=dict(spec.env)))
                     stats = True if settings.server_stats is None else settings.server_stats
                     endpoints.append(resolve_endpoint(spec.name, url, None, stats))
                 for e in settings.endpoints:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import random
 import socket
 import subprocess
@@ -229,12 +230,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched_server(serve_args: list[str], ready_timeout_s: float = 180.0):
-    """Start ``verispec serve`` on a free local port; yield its base URL; stop it afterwards."""
+def launched_server(serve_args: list[str], ready_timeout_s: float = 180.0, env: dict[str, str] | None = None):
+    """Start ``verispec serve`` on a free local port (with ``env`` added to this process's environment);
+    yield its base URL; stop it afterwards."""
     port = free_port()
     command = [sys.executable, "-m", "verispec.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *serve_args]
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **env} if env else None)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(process, url, ready_timeout_s, log)
