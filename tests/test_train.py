@@ -151,3 +151,16 @@ def test_grown_draft_starts_equal_to_its_source_and_rejects_a_misfit():
     assert grown.model.layers[1].self_attn.q_proj.weight.abs().sum() > 0  # fresh, not zero: it can learn
     with pytest.raises(ValueError, match="shrink"):
         grow_from(tiny(layers=1), tiny(layers=2))
+
+
+def test_draft_mix_and_recipe_flags_reach_the_recipe():
+    from verispec.train.train import _draft_recipe, _parser
+
+    args = _parser().parse_args(["draft", "--minutes", "1", "--mix", "code=3,chat=6,math=1", "--ce-weight", "0",
+                                 "--seed", "7", "--lr", "1e-3"])
+    recipe = _draft_recipe(args)
+    assert recipe.mix == pytest.approx({"code": 0.3, "chat": 0.6, "math": 0.1})
+    assert recipe.ce_weight == 0.0 and recipe.optim.seed == 7 and recipe.optim.lr == 1e-3
+    for bad in (["--mix", "prose=1"], ["--mix", "code=x"], ["--mix", "code=0,chat=0"], ["--ce-weight", "2"]):
+        with pytest.raises(SystemExit):
+            _draft_recipe(_parser().parse_args(["draft", "--minutes", "1", *bad]))

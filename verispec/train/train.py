@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--ce-weight", type=float, default=None,
                        help="weight of next-token cross-entropy on the text against KL to the target "
                             "(0 = pure distillation; default: the recipe's)")
+    draft.add_argument("--mix", default=None, metavar="code=W,chat=W,math=W",
+                       help="share of training windows per workload (normalised; default: the recipe's)")
     draft.add_argument("--seed", type=int, default=None,
                        help="data order and sampling seed (default: the recipe's; change it when "
                             "continuing from --init so the draft sees text it has not seen)")
@@ -108,6 +110,8 @@ def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
         optim["seed"] = args.seed
     if optim:
         changes["optim"] = replace(recipe.optim, **optim)
+    if args.mix is not None:
+        changes["mix"] = _parse_mix(args.mix, recipe.mix)
     if args.ce_weight is not None:
         if not 0.0 <= args.ce_weight <= 1.0:
             raise SystemExit("verispec train draft: --ce-weight must lie in [0, 1]")
@@ -117,6 +121,25 @@ def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
     if args.greedy_fraction is not None:
         changes["greedy_sample_fraction"] = args.greedy_fraction
     return replace(recipe, **changes)
+
+
+def _parse_mix(text: str, default: dict) -> dict:
+    mix = {}
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        name = name.strip()
+        try:
+            value = float(weight)
+        except ValueError:
+            raise SystemExit(f"verispec train draft: --mix wants name=weight pairs, got {part!r}") from None
+        if name not in default or value < 0:
+            raise SystemExit(f"verispec train draft: --mix: unknown workload or negative weight in {part!r} "
+                             f"(workloads: {', '.join(default)})")
+        mix[name] = value
+    total = sum(mix.values())
+    if total <= 0:
+        raise SystemExit("verispec train draft: --mix weights must not all be 0")
+    return {name: weight / total for name, weight in mix.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
