@@ -423,6 +423,10 @@ class AdaptiveGamma:
         self._rate_cache[bucket] = (request, tried, count, rates)
         return rates
 
+    def first_climb_gain(self, batch_size: int) -> float | None:
+        """The gain a first climb is offered at ``batch_size``'s load (``_smaller_gain``)."""
+        return self._smaller_gain(self.bucket(self.load(batch_size)))
+
     def _smaller_gain(self, bucket: int) -> float | None:
         """What speculation could gain in ``bucket`` at best, from the smaller buckets already decided
         (their best rate over their plain rate; 1: they chose gamma 0): the nearest one's gain, or, where
