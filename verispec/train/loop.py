@@ -96,7 +96,9 @@ class BudgetedLoop:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}  # a scalar may appear in only some micro-batches (rotating exits)
         for micro in range(config.accum_steps):
-            loss, scalars = loss_fn(next(batches), step * config.accum_steps + micro)
+            tokens = next(batches)  # outside autocast: a batch source may run a model of its own
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+                loss, scalars = loss_fn(tokens, step * config.accum_steps + micro)
             (loss / config.accum_steps).backward()
             for key, value in {"loss": loss.item(), **scalars}.items():
                 sums[key] = sums.get(key, 0.0) + value

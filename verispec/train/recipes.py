@@ -67,6 +67,10 @@ class OptimConfig:
     log_every: int = 10
     checkpoint_every_s: float = 600.0
     seed: int = 0
+    # "bf16": forward and backward under torch.autocast(bfloat16); weights, gradients and AdamW state stay
+    # float32. On a CPU with AMX-BF16 this trains the target ~8x faster than "fp32" (measured: 2,630 vs
+    # 330 tokens/s on 2 threads of the 2026-12-01 Xeon); without bf16 matrix units it is slower.
+    precision: str = "fp32"
 
     @property
     def tokens_per_step(self) -> int:

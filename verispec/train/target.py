@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.models.llama import LlamaForCausalLM, parameter_count
+from verispec.models.llama import LlamaForCausalLM, load_checkpoint, parameter_count
 from verispec.train import corpus
 from verispec.train.artifacts import export_checkpoint, plot_losses, write_json
 from verispec.train.evaluate import evaluate_layers, heldout_windows
@@ -73,13 +73,16 @@ def history_summary(history: TrainHistory) -> dict:
 
 
 def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_dir: str | Path,
-                 tokenizer_dir: str | Path) -> dict:
+                 tokenizer_dir: str | Path, init_dir: str | Path | None = None) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     optim = recipe.optim
     torch.manual_seed(optim.seed)
     model = LlamaForCausalLM(recipe.model)
     init_weights(model, recipe.init_std)
+    if init_dir is not None:  # continue a previous run: its weights, a fresh optimizer and schedule
+        model.load_state_dict(load_checkpoint(init_dir, dtype=torch.float32, kernels=False).state_dict())
+        logger.info("target: continuing from %s", init_dir)
     logger.info("target: %d parameters, %s", parameter_count(model), recipe.model)
     stream, batches, encode = training_batches(tokenizer_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
@@ -103,6 +106,7 @@ def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_
     plot_losses(history.records, loss_keys, run_dir / "loss.png", "target training loss")
     metrics = {
         "model": asdict(recipe.model), "parameters": parameter_count(model), "recipe": asdict(recipe),
+        "init_dir": None if init_dir is None else str(init_dir),
         "training": {**history_summary(history), "stream": stream.stats()},
         "heldout": evaluate_heldout(model, encode, optim.seq_len, recipe.eval),
         "synthetic_workloads": sorted(corpus.SYNTHETIC_WORKLOADS),

@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="tokenizer dir (default: the shipped one, in the target checkpoint dir)")
     target.add_argument("--out", default=TARGET_DIR)
     target.add_argument("--run-dir", default="runs/target")
+    target.add_argument("--init", default=None, metavar="DIR",
+                        help="continue from this target checkpoint (same architecture) instead of from scratch")
+    target.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    target.add_argument("--seed", type=int, default=None,
+                        help="data order and layer-dropout seed (default: the recipe's; change it when "
+                             "continuing from --init so the target sees text it has not seen)")
 
     draft = commands.add_parser("draft", help="distil the draft model from a trained target")
     draft.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
@@ -60,8 +66,6 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--ce-weight", type=float, default=None,
                        help="weight of next-token cross-entropy on the text against KL to the target "
                             "(0 = pure distillation; default: the recipe's)")
-    draft.add_argument("--mix", default=None, metavar="code=W,chat=W,math=W",
-                       help="share of training windows per workload (normalised; default: the recipe's)")
     draft.add_argument("--seed", type=int, default=None,
                        help="data order and sampling seed (default: the recipe's; change it when "
                             "continuing from --init so the draft sees text it has not seen)")
@@ -75,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
 
     for command in (tokenizer, target, draft, compressed):
         command.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
+    for command in (target, draft):
+        command.add_argument("--mix", default=None, metavar="code=W,chat=W,math=W",
+                             help="share of training windows per workload (normalised; default: the recipe's)")
+        command.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                             help="bf16: forward/backward under bfloat16 autocast, float32 weights and optimizer "
+                                  "state; auto (default): bf16 where the CPU has bf16 matrix units "
+                                  "(AMX-BF16 or AVX512-BF16), else fp32")
     return parser
 
 
@@ -98,20 +109,49 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
     logger.info("corpus statistics: %s", json.dumps(stats))
 
 
+def cpu_has_bf16_matrix_units(cpuinfo: str | None = None) -> bool:
+    """True where /proc/cpuinfo lists amx_bf16 or avx512_bf16 (bf16 autocast is then fast on the CPU)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def _optim_changes(args: argparse.Namespace, optim):
+    """The recipe's OptimConfig with --lr, --seed and --precision applied."""
+    changes = {}
+    if args.lr is not None:
+        changes["lr"] = args.lr
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    precision = args.precision
+    if precision == "auto":
+        precision = "bf16" if cpu_has_bf16_matrix_units() else "fp32"
+    changes["precision"] = precision
+    return replace(optim, **changes)
+
+
+def _target_recipe(args: argparse.Namespace) -> TargetRecipe:
+    recipe = TargetRecipe()
+    changes = {"optim": _optim_changes(args, recipe.optim)}
+    if args.mix is not None:
+        changes["mix"] = _parse_mix(args.mix, recipe.mix, "target")
+    return replace(recipe, **changes)
+
+
 def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
     recipe = DraftRecipe()
-    changes = {}
+    changes = {"optim": _optim_changes(args, recipe.optim)}
     if args.layers is not None:
         changes["model"] = replace(recipe.model, num_hidden_layers=args.layers)
-    optim = {}
-    if args.lr is not None:
-        optim["lr"] = args.lr
-    if args.seed is not None:
-        optim["seed"] = args.seed
-    if optim:
-        changes["optim"] = replace(recipe.optim, **optim)
     if args.mix is not None:
-        changes["mix"] = _parse_mix(args.mix, recipe.mix)
+        changes["mix"] = _parse_mix(args.mix, recipe.mix, "draft")
     if args.ce_weight is not None:
         if not 0.0 <= args.ce_weight <= 1.0:
             raise SystemExit("verispec train draft: --ce-weight must lie in [0, 1]")
@@ -123,7 +163,7 @@ def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
     return replace(recipe, **changes)
 
 
-def _parse_mix(text: str, default: dict) -> dict:
+def _parse_mix(text: str, default: dict, command: str) -> dict:
     mix = {}
     for part in text.split(","):
         name, _, weight = part.partition("=")
@@ -131,14 +171,14 @@ def _parse_mix(text: str, default: dict) -> dict:
         try:
             value = float(weight)
         except ValueError:
-            raise SystemExit(f"verispec train draft: --mix wants name=weight pairs, got {part!r}") from None
+            raise SystemExit(f"verispec train {command}: --mix wants name=weight pairs, got {part!r}") from None
         if name not in default or value < 0:
-            raise SystemExit(f"verispec train draft: --mix: unknown workload or negative weight in {part!r} "
+            raise SystemExit(f"verispec train {command}: --mix: unknown workload or negative weight in {part!r} "
                              f"(workloads: {', '.join(default)})")
         mix[name] = value
     total = sum(mix.values())
     if total <= 0:
-        raise SystemExit("verispec train draft: --mix weights must not all be 0")
+        raise SystemExit(f"verispec train {command}: --mix weights must not all be 0")
     return {name: weight / total for name, weight in mix.items()}
 
 
@@ -155,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (Path(args.tokenizer) / "tokenizer.json").exists():
             logger.error("no tokenizer in %s; run `verispec train tokenizer` first", args.tokenizer)
             return 2
-        train_target(TargetRecipe(), args.minutes, args.out, args.run_dir, args.tokenizer)
+        recipe = _target_recipe(args)
+        logger.info("precision %s", recipe.optim.precision)
+        train_target(recipe, args.minutes, args.out, args.run_dir, args.tokenizer, args.init)
     elif args.command == "draft":
         from verispec.train.draft import train_draft
 
@@ -163,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (Path(args.target) / "config.json").exists():
             logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)
             return 2
-        train_draft(_draft_recipe(args), args.minutes, args.target, args.out, args.run_dir, args.init)
+        recipe = _draft_recipe(args)
+        logger.info("precision %s", recipe.optim.precision)
+        train_draft(recipe, args.minutes, args.target, args.out, args.run_dir, args.init)
     elif args.command == "compressed":
         from verispec.train.compressed import train_compressed
 
