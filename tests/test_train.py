@@ -164,3 +164,42 @@ def test_draft_mix_and_recipe_flags_reach_the_recipe():
     for bad in (["--mix", "prose=1"], ["--mix", "code=x"], ["--mix", "code=0,chat=0"], ["--ce-weight", "2"]):
         with pytest.raises(SystemExit):
             _draft_recipe(_parser().parse_args(["draft", "--minutes", "1", *bad]))
+
+
+def test_bf16_training_runs_under_autocast_learns_and_keeps_float32_state():
+    from verispec.train.loop import BudgetedLoop
+    from verispec.train.recipes import OptimConfig
+
+    model, tokens, seen = tiny(), repeating_batch(), []
+
+    def loss_fn(batch, micro_step):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        loss, scalars = layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step,
+                                       random.Random(0))
+        return loss, scalars
+
+    config = OptimConfig(lr=1e-2, warmup_steps=1, accum_steps=1, plan_after_steps=1, log_every=1,
+                         precision="bf16")
+    history = BudgetedLoop(model, config, minutes=0.03).run(iter(lambda: tokens, None), loss_fn)
+    assert history.steps_done >= 20 and set(seen) == {(True, torch.bfloat16)}
+    assert history.records[-1]["final_loss"] < 0.3 * history.records[0]["final_loss"]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    seen.clear()
+    BudgetedLoop(tiny(), OptimConfig(accum_steps=1, plan_after_steps=1), minutes=0.001).run(
+        iter(lambda: tokens, None), loss_fn)
+    assert seen and not any(enabled for enabled, _ in seen)  # fp32 (the recipe default) does not autocast
+
+
+def test_precision_auto_follows_the_cpu_flags_and_target_flags_reach_the_recipe():
+    from verispec.train.train import _parser, _target_recipe, cpu_has_bf16_matrix_units
+
+    assert cpu_has_bf16_matrix_units("processor : 0\nflags : fpu sse2 avx2 amx_bf16 amx_tile\n")
+    assert cpu_has_bf16_matrix_units("flags\t\t: avx512f avx512_bf16\n")
+    assert not cpu_has_bf16_matrix_units("flags : fpu sse2 avx2 fma\n")
+    args = _parser().parse_args(["target", "--minutes", "1", "--init", "some/dir", "--seed", "4", "--lr", "2e-3",
+                                 "--mix", "code=3,chat=5.5,math=1.5", "--precision", "fp32"])
+    recipe = _target_recipe(args)
+    assert args.init == "some/dir" and recipe.optim.seed == 4 and recipe.optim.lr == 2e-3
+    assert recipe.optim.precision == "fp32" and recipe.mix == pytest.approx({"code": 0.3, "chat": 0.55, "math": 0.15})
+    auto = _target_recipe(_parser().parse_args(["target", "--minutes", "1"])).optim.precision
+    assert auto == ("bf16" if cpu_has_bf16_matrix_units() else "fp32")

@@ -1,7 +1,7 @@
 """Held-out perplexity of the embedded target and draft on the same windows (the training runs each
 report their own evaluation; this puts both models on identical tokens), per workload.
 
-    OMP_NUM_THREADS=1 python docs/experiments/pair_perplexity.py [--windows 96] [--draft DIR]
+    OMP_NUM_THREADS=1 python docs/experiments/pair_perplexity.py [--windows 96] [--draft DIR] [--target DIR]
 """
 import argparse, math
 import torch
@@ -16,8 +16,9 @@ from verispec.train.tokenizer import batch_encoder, load_tokenizer
 ap = argparse.ArgumentParser()
 ap.add_argument("--windows", type=int, default=96, help="256-token held-out windows per workload")
 ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
+ap.add_argument("--target", default=str(DEFAULT_TARGET))
 args = ap.parse_args()
-target = load_checkpoint(DEFAULT_TARGET, dtype=torch.float32, kernels=False).eval()
+target = load_checkpoint(args.target, dtype=torch.float32, kernels=False).eval()
 draft = load_checkpoint(args.draft, dtype=torch.float32, kernels=False).eval()
 encode = batch_encoder(load_tokenizer(DEFAULT_TARGET))
 with torch.no_grad():
