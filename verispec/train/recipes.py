@@ -68,8 +68,9 @@ class OptimConfig:
     checkpoint_every_s: float = 600.0
     seed: int = 0
     # "bf16": forward and backward under torch.autocast(bfloat16); weights, gradients and AdamW state stay
-    # float32. On a CPU with AMX-BF16 this trains the target ~8x faster than "fp32" (measured: 2,630 vs
-    # 330 tokens/s on 2 threads of the 2026-12-01 Xeon); without bf16 matrix units it is slower.
+    # float32. On a CPU with AMX-BF16 this trains the target ~3x faster than "fp32" (2 threads: the bf16
+    # continuation run averaged ~2,350 tokens/s, the fp32 run that made the first target 817); without
+    # bf16 matrix units autocast is slower, hence the CLI's "auto".
     precision: str = "fp32"
 
     @property
