@@ -203,3 +203,25 @@ def test_precision_auto_follows_the_cpu_flags_and_target_flags_reach_the_recipe(
     assert recipe.optim.precision == "fp32" and recipe.mix == pytest.approx({"code": 0.3, "chat": 0.55, "math": 0.15})
     auto = _target_recipe(_parser().parse_args(["target", "--minutes", "1"])).optim.precision
     assert auto == ("bf16" if cpu_has_bf16_matrix_units() else "fp32")
+
+
+def test_target_init_that_is_missing_or_does_not_fit_is_one_clear_error(tmp_path):
+    import logging
+
+    from verispec.loading import DEFAULT_DRAFT
+    from verispec.train.train import main
+
+    common = ["--minutes", "0.01", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="no checkpoint there"):
+        main(["target", "--init", str(tmp_path / "nowhere"), *common])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert main(["target", "--init", str(DEFAULT_DRAFT), *common]) == 2  # the draft's shapes, not the target's
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:], root.level = handlers, level
+    assert "does not fit the target recipe" in (tmp_path / "run" / "train.log").read_text()
+    assert not (tmp_path / "out").exists()

@@ -81,7 +81,10 @@ def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_
     model = LlamaForCausalLM(recipe.model)
     init_weights(model, recipe.init_std)
     if init_dir is not None:  # continue a previous run: its weights, a fresh optimizer and schedule
-        model.load_state_dict(load_checkpoint(init_dir, dtype=torch.float32, kernels=False).state_dict())
+        try:
+            model.load_state_dict(load_checkpoint(init_dir, dtype=torch.float32, kernels=False).state_dict())
+        except RuntimeError as err:  # missing / unexpected / mis-shaped tensors
+            raise ValueError(f"--init {init_dir} does not fit the target recipe: {str(err).splitlines()[0]}") from None
         logger.info("target: continuing from %s", init_dir)
     logger.info("target: %d parameters, %s", parameter_count(model), recipe.model)
     stream, batches, encode = training_batches(tokenizer_dir, recipe.mix, optim.seq_len, optim.micro_batch,

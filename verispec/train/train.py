@@ -185,6 +185,17 @@ def _parse_mix(text: str, default: dict, command: str) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    init = getattr(args, "init", None)
+    if init is not None and not (Path(init) / "config.json").is_file():
+        raise SystemExit(f"verispec train {args.command}: --init {init}: no checkpoint there (no config.json)")
+    try:
+        return _run(args)
+    except ValueError as err:  # a checkpoint that does not fit the recipe, a bad recipe value
+        logger.error("%s", err)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "tokenizer":
         _log_to(Path(args.stats).parent)
         _train_tokenizer(args)
