@@ -44,11 +44,10 @@ class PolicyTrace:
 
     def afford(self, batch_size: int, gamma: int, backlog: Backlog) -> int:
         self.pending.update(backlog=backlog.tokens, remaining=backlog.remaining)
-        price = getattr(self.policy, "read_seconds_per_token", None)
-        price = price() if price is not None else None
-        if price is not None:  # the adaptive policy's view of the switch
+        read_price = getattr(self.policy, "read_seconds_per_token", lambda: None)()
+        if read_price is not None:  # the adaptive policy's view of the switch
             gain = self.policy.first_climb_gain(batch_size)
-            self.pending.update(read_price=round(price, 8), gain=None if gain is None else round(gain, 4))
+            self.pending.update(read_price=round(read_price, 8), gain=None if gain is None else round(gain, 4))
         afford = getattr(self.policy, "afford", None)
         return afford(batch_size, gamma, backlog) if afford is not None else gamma
 

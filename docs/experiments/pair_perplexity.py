@@ -20,7 +20,7 @@ ap.add_argument("--target", default=str(DEFAULT_TARGET))
 args = ap.parse_args()
 target = load_checkpoint(args.target, dtype=torch.float32, kernels=False).eval()
 draft = load_checkpoint(args.draft, dtype=torch.float32, kernels=False).eval()
-encode = batch_encoder(load_tokenizer(DEFAULT_TARGET))
+encode = batch_encoder(load_tokenizer(args.target))  # the pair shares it
 with torch.no_grad():
     for name in corpus.WORKLOADS:
         windows = heldout_windows(encode, name, 256, args.windows, EOS_TOKEN_ID)

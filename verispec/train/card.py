@@ -33,13 +33,11 @@ TRAINING_RUNS = {
                "2 CPU cores (2 threads, bf16 autocast on AMX-BF16; the machine to itself), continuing the first "
                "target (`verispec train target --minutes 85`, fp32 from scratch: 509 steps, 4,169,728 tokens, "
                "817 tokens/s), so the lineage totals 150 minutes and 13.6M tokens"),
-    "Draft": ("verispec train draft --minutes 48 --threads 1 --init <previous draft> --lr 7e-4 --sample-fraction 0.5 "
-              "--greedy-fraction 1.0 --ce-weight 0 --seed 3 --mix code=0.25,chat=0.6,math=0.15",
-              "1 thread of a 2-core machine shared with serving benchmarks, warm-started from a draft distilled "
-              "65 minutes with the same pure-KL recipe and the default mix (--seed 2 --lr 1e-3) on top of the "
-              "earlier shipped draft (18 minutes with one layer, then 70 with two, 20% cross-entropy on the "
-              "text), so the lineage totals ~200 minutes; half the micro-batches are the target's own greedy "
-              "continuations"),
+    "Draft": ("verispec train draft --minutes 50 --init <previous draft> --lr 1e-3 --sample-fraction 0.5 "
+              "--greedy-fraction 1.0 --ce-weight 0 --seed 4 --mix code=0.3,chat=0.55,math=0.15",
+              "2 CPU cores (2 threads, bf16 autocast) against the target above, warm-started from the draft "
+              "distilled ~200 fp32 minutes from the first target; half the micro-batches are the target's own "
+              "greedy continuations"),
 }
 SETTINGS = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParams(temperature=1.0)}
 
