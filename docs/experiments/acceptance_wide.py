@@ -6,16 +6,11 @@ handful of trajectories it follows, so replacing a draft is decided here on more
 
     OMP_NUM_THREADS=2 python docs/experiments/acceptance_wide.py DRAFT_DIR [DRAFT_DIR ...] [--prompts 48]
 """
-import argparse, sys
-import torch
-from tqdm import tqdm
+import argparse
 from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
-from verispec.config import SpecConfig
-from verispec.drafters import DraftModelDrafter
-from verispec.engine import SpecEngine
 from verispec.loading import DEFAULT_DRAFT, load_pair
-from verispec.train.card import SETTINGS, acceptance_by_workload
+from verispec.train.card import report_drafts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("drafts", nargs="*", help="draft checkpoint dirs (the shipped draft is always measured first)")
@@ -28,17 +23,5 @@ prompts: dict[str, list[list[int]]] = {}
 for item in build_prompt_set(settings, pair.tokenizer, pair.target.config.max_context, extra_slots=8):
     prompts.setdefault(item.task, []).append(list(item.prompt_ids))
 print("prompts per workload:", {w: len(p) for w, p in prompts.items()}, flush=True)
-chain = SpecConfig(method="chain", gamma=4)
-for path in [str(DEFAULT_DRAFT)] + args.drafts:
-    draft = pair.draft if path == str(DEFAULT_DRAFT) else load_pair(None, path).draft
-    engine = SpecEngine(pair.target, DraftModelDrafter(draft))
-    progress = tqdm(total=sum(map(len, prompts.values())) * len(SETTINGS), desc=path, file=sys.stderr)
-    row = {name: acceptance_by_workload(engine, prompts, chain, sampling, args.max_tokens, progress)
-           for name, sampling in SETTINGS.items()}
-    progress.close()
-    print(path)
-    for workload in row["greedy"]:
-        g, t = row["greedy"][workload], row["t1"][workload]
-        print(f"  {workload}: greedy acceptance {g['acceptance_rate']:.3f} committed/round "
-              f"{g['committed_per_round']:.2f}; t=1 acceptance {t['acceptance_rate']:.3f} committed/round "
-              f"{t['committed_per_round']:.2f}", flush=True)
+drafts = {str(DEFAULT_DRAFT): pair.draft, **{path: load_pair(None, path).draft for path in args.drafts}}
+report_drafts(pair.target, drafts, prompts, args.max_tokens)

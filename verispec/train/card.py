@@ -61,6 +61,25 @@ def acceptance_by_workload(engine: SpecEngine, prompts: dict[str, list[list[int]
     return out
 
 
+def report_drafts(target: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM],
+                  prompts: dict[str, list[list[int]]], max_tokens: int) -> None:
+    """Print chain (gamma 4) acceptance of each draft against ``target``, greedy and at t=1, on the same
+    prompts and seeds (docs/experiments/compare_drafts.py, acceptance_wide.py)."""
+    chain = SpecConfig(method="chain", gamma=4)
+    for name, draft in drafts.items():
+        engine = SpecEngine(target, DraftModelDrafter(draft))
+        progress = tqdm(total=sum(map(len, prompts.values())) * len(SETTINGS), desc=name, file=sys.stderr)
+        row = {setting: acceptance_by_workload(engine, prompts, chain, sampling, max_tokens, progress)
+               for setting, sampling in SETTINGS.items()}
+        progress.close()
+        print(name)
+        for workload in row["greedy"]:
+            g, t = row["greedy"][workload], row["t1"][workload]
+            print(f"  {workload}: greedy acceptance {g['acceptance_rate']:.3f} committed/round "
+                  f"{g['committed_per_round']:.2f}; t=1 acceptance {t['acceptance_rate']:.3f} committed/round "
+                  f"{t['committed_per_round']:.2f}", flush=True)
+
+
 def unadapted_like(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Same shape, random weights (std 0.02): a model never trained for early exit."""
     torch.manual_seed(0)
