@@ -578,3 +578,25 @@ def test_default_pair_missing_is_one_line_error(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "embedded default model pair is not installed" in err and err.count("\n") == 1
 
+
+
+def test_startup_objects_are_frozen_out_of_full_collections():
+    """`verispec serve` freezes what startup left alive, so a full collection while serving no longer
+    walks the models' and modules' objects (a ~110 ms stall of every running request)."""
+    import gc
+
+    from verispec.server.cli import freeze_startup_objects
+
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 10_000  # the test process's modules at least
+        began = time.perf_counter()
+        gc.collect()
+        frozen_s = time.perf_counter() - began
+        gc.unfreeze()
+        began = time.perf_counter()
+        gc.collect()
+        unfrozen_s = time.perf_counter() - began
+        assert frozen_s < unfrozen_s
+    finally:
+        gc.unfreeze()
