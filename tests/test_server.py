@@ -579,7 +579,6 @@ def test_default_pair_missing_is_one_line_error(capsys, monkeypatch):
     assert "embedded default model pair is not installed" in err and err.count("\n") == 1
 
 
-
 def test_startup_objects_are_frozen_out_of_full_collections():
     """`verispec serve` freezes what startup left alive, so a full collection while serving no longer
     walks the models' and modules' objects (a ~110 ms stall of every running request)."""
