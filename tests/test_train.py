@@ -101,6 +101,19 @@ def test_distillation_pulls_the_draft_towards_the_teacher():
     assert kls[0] >= 0 and kls[-1] < 0.5 * kls[0]
 
 
+def test_argmax_term_adds_cross_entropy_on_the_teachers_argmax():
+    teacher, draft = tiny(seed=1, std=0.3), tiny(layers=1, seed=2)
+    tokens = repeating_batch()
+    with torch.no_grad():
+        plain, _ = distillation_loss(draft, teacher, tokens, ce_weight=0.2)
+        weighted, scalars = distillation_loss(draft, teacher, tokens, ce_weight=0.2, argmax_weight=0.5)
+        argmax = teacher.train_forward(tokens[:, :-1])[0].argmax(dim=-1)
+        reference = torch.nn.functional.cross_entropy(draft.train_forward(tokens[:, :-1])[0].reshape(-1, 50),
+                                                      argmax.reshape(-1))
+    assert scalars["argmax_ce"] == pytest.approx(reference.item(), rel=1e-5)
+    assert (weighted - plain).item() == pytest.approx(0.5 * reference.item(), rel=1e-4)
+
+
 def test_target_samples_equal_a_stateless_sampler_and_mix_at_the_set_fraction():
     """TargetSamples (batched KV-cached sampling) draws exactly what sampling from whole-sequence logits
     with the same generator draws; MixedBatches replaces every 4th micro-batch at fraction 0.25."""
@@ -153,15 +166,41 @@ def test_grown_draft_starts_equal_to_its_source_and_rejects_a_misfit():
         grow_from(tiny(layers=1), tiny(layers=2))
 
 
+def test_narrowed_mlps_keep_the_busiest_neurons_and_a_whole_width_copy_is_exact():
+    from verispec.train.draft import narrow_mlps
+
+    model = tiny(layers=2, seed=3, std=0.2)
+    tokens = repeating_batch()[:, :-1]
+    with torch.no_grad():
+        full = model.train_forward(tokens)[0]
+        assert torch.allclose(narrow_mlps(model, 64, tokens).train_forward(tokens)[0], full, atol=1e-5)
+        # Silence neuron 5 of each layer: it carries nothing, so it is the first to go.
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight[:, 5] = 0
+        narrow = narrow_mlps(model, 63, tokens)
+    assert narrow.config.intermediate_size == 63 and model.config.intermediate_size == 64
+    kept = narrow.model.layers[0].mlp.gate_proj.weight
+    original = model.model.layers[0].mlp.gate_proj.weight
+    assert torch.equal(kept, torch.cat([original[:5], original[6:]]))
+    with torch.no_grad():  # what neuron 5 did not add is all that changed
+        assert torch.allclose(narrow.train_forward(tokens)[0], model.train_forward(tokens)[0], atol=1e-5)
+    with pytest.raises(ValueError, match="widen"):
+        narrow_mlps(model, 65, tokens)
+
+
 def test_draft_mix_and_recipe_flags_reach_the_recipe():
     from verispec.train.train import _draft_recipe, _parser
 
     args = _parser().parse_args(["draft", "--minutes", "1", "--mix", "code=3,chat=6,math=1", "--ce-weight", "0",
-                                 "--seed", "7", "--lr", "1e-3"])
+                                 "--seed", "7", "--lr", "1e-3", "--layers", "3", "--intermediate", "576",
+                                 "--argmax-weight", "0.5"])
     recipe = _draft_recipe(args)
     assert recipe.mix == pytest.approx({"code": 0.3, "chat": 0.6, "math": 0.1})
     assert recipe.ce_weight == 0.0 and recipe.optim.seed == 7 and recipe.optim.lr == 1e-3
-    for bad in (["--mix", "prose=1"], ["--mix", "code=x"], ["--mix", "code=0,chat=0"], ["--ce-weight", "2"]):
+    assert recipe.model.num_hidden_layers == 3 and recipe.model.intermediate_size == 576
+    assert recipe.argmax_weight == 0.5 and recipe.model.hidden_size == 256
+    for bad in (["--mix", "prose=1"], ["--mix", "code=x"], ["--mix", "code=0,chat=0"], ["--ce-weight", "2"],
+                ["--intermediate", "0"], ["--argmax-weight", "-1"]):
         with pytest.raises(SystemExit):
             _draft_recipe(_parser().parse_args(["draft", "--minutes", "1", *bad]))
 

@@ -5,7 +5,8 @@
     metrics["heldout"]["chat"]["expected_acceptance_t1"]   # P(one sampled draft token is accepted)
 
 The loss is `losses.distillation_loss`: KL(target || draft) on the target's temperature-1
-distributions, mixed with cross-entropy on the next token, over training text and (a
+distributions, mixed with cross-entropy on the next token (and optionally on the target's argmax),
+over training text and (a
 ``target_sample_fraction`` of micro-batches) over continuations the target sampled itself. The
 tokenizer is the target's (copied from the target checkpoint dir).
 """
@@ -13,7 +14,7 @@ tokenizer is the target's (copied from the target checkpoint dir).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -45,19 +46,24 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     torch.manual_seed(optim.seed)
     draft = LlamaForCausalLM(recipe.model)
     init_weights(draft, recipe.init_std)
-    if init_dir is not None:
-        grow_from(draft, load_checkpoint(init_dir, dtype=torch.float32, kernels=False))
-        logger.info("draft: warm start from %s", init_dir)
-    logger.info("draft: %d parameters (target %d)", parameter_count(draft), parameter_count(teacher))
     # Fresh seed: the draft sees the training split in a different order than the target did.
     stream, batches, encode = training_batches(target_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
+    if init_dir is not None:
+        source = load_checkpoint(init_dir, dtype=torch.float32, kernels=False)
+        if source.config.intermediate_size > recipe.model.intermediate_size:
+            source = narrow_mlps(source, recipe.model.intermediate_size, next(batches)[:, :-1])
+            logger.info("draft: %s's MLPs narrowed to their %d busiest neurons", init_dir,
+                        recipe.model.intermediate_size)
+        grow_from(draft, source)
+        logger.info("draft: warm start from %s", init_dir)
+    logger.info("draft: %d parameters (target %d)", parameter_count(draft), parameter_count(teacher))
 
     samples = TargetSamples(teacher, batches, recipe.sample_prefix, optim.seed, recipe.greedy_sample_fraction)
     batches = MixedBatches(batches, samples, recipe.target_sample_fraction)
 
     def loss_fn(tokens: torch.Tensor, micro_step: int):
-        return distillation_loss(draft, teacher, tokens, recipe.ce_weight)
+        return distillation_loss(draft, teacher, tokens, recipe.ce_weight, recipe.argmax_weight)
 
     loss_keys = ["loss", "kl", "ce"]
 
@@ -105,6 +111,37 @@ def grow_from(draft: LlamaForCausalLM, source: LlamaForCausalLM) -> None:
         if name not in theirs and name.endswith(("o_proj.weight", "down_proj.weight")):
             mine[name] = torch.zeros_like(mine[name])
     draft.load_state_dict(mine)
+
+
+@torch.no_grad()
+def narrow_mlps(model: LlamaForCausalLM, width: int, tokens: torch.Tensor) -> LlamaForCausalLM:
+    """A copy of ``model`` whose MLPs keep only the ``width`` neurons that carry the most on ``tokens`` (B, T).
+
+    A neuron's share is its mean |silu(gate) * up| on the tokens times the norm of its down_proj column:
+    what it adds to the residual stream. Dropping the quietest ones lets a wider draft give up MLP
+    width for depth while starting close to what it computed before."""
+    if width > model.config.intermediate_size:
+        raise ValueError(f"cannot widen MLPs from {model.config.intermediate_size} to {width} neurons")
+    activity = []
+    hooks = [layer.mlp.down_proj.register_forward_pre_hook(
+        lambda module, inputs: activity.append(inputs[0].abs().mean(dim=(0, 1))))
+        for layer in model.model.layers]
+    try:
+        model.train_forward(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    narrow = LlamaForCausalLM(replace(model.config, intermediate_size=width))
+    state = model.state_dict()
+    for index, layer in enumerate(model.model.layers):
+        share = activity[index] * layer.mlp.down_proj.weight.norm(dim=0)  # (I,)
+        keep = share.topk(width).indices.sort().values
+        prefix = f"model.layers.{index}.mlp."
+        for name in ("gate_proj.weight", "up_proj.weight"):
+            state[prefix + name] = state[prefix + name][keep]
+        state[prefix + "down_proj.weight"] = state[prefix + "down_proj.weight"][:, keep]
+    narrow.load_state_dict(state)
+    return narrow
 
 
 class TargetSamples:

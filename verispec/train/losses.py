@@ -75,11 +75,13 @@ def layerskip_loss(model: LlamaForCausalLM, tokens: torch.Tensor, config: LayerS
 
 
 def distillation_loss(draft: LlamaForCausalLM, teacher: LlamaForCausalLM, tokens: torch.Tensor,
-                      ce_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """``(1 - ce_weight) * KL(target || draft) + ce_weight * CE`` at temperature 1 on windows (B, T + 1).
+                      ce_weight: float, argmax_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """``(1 - ce_weight) * KL(target || draft) + ce_weight * CE + argmax_weight * CE(target's argmax)``
+    at temperature 1 on windows (B, T + 1).
 
     The teacher runs in eval mode without gradients and without layer dropout: the draft learns the
-    distribution the target will actually verify against.
+    distribution the target will actually verify against. The argmax term puts extra weight on the one
+    token greedy verification accepts.
     """
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
@@ -90,4 +92,10 @@ def distillation_loss(draft: LlamaForCausalLM, teacher: LlamaForCausalLM, tokens
     kl = F.kl_div(draft_log_probs, teacher_log_probs, log_target=True, reduction="none").sum(-1).mean()
     ce = F.nll_loss(draft_log_probs.reshape(-1, draft_log_probs.shape[-1]), labels.reshape(-1))
     total = (1 - ce_weight) * kl + ce_weight * ce
-    return total, {"kl": kl.item(), "ce": ce.item()}
+    scalars = {"kl": kl.item(), "ce": ce.item()}
+    if argmax_weight > 0:
+        argmax = teacher_log_probs.argmax(dim=-1)  # (B, T)
+        argmax_ce = F.nll_loss(draft_log_probs.reshape(-1, draft_log_probs.shape[-1]), argmax.reshape(-1))
+        total = total + argmax_weight * argmax_ce
+        scalars["argmax_ce"] = argmax_ce.item()
+    return total, scalars

@@ -107,13 +107,15 @@ class TargetRecipe:
 
 @dataclass(frozen=True)
 class DraftRecipe:
-    """Distillation: ``(1 - ce_weight) * KL(target || draft) + ce_weight * CE(next token)``, temperature 1."""
+    """Distillation: ``(1 - ce_weight) * KL(target || draft) + ce_weight * CE(next token)``, temperature 1,
+    plus ``argmax_weight * CE(the target's argmax)`` when set."""
 
     model: LlamaConfig = field(default_factory=draft_model_config)
     optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=20, seed=1)
     eval: EvalConfig = EvalConfig()
     mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
     ce_weight: float = 0.2
+    argmax_weight: float = 0.0
     init_std: float = 0.02
     # Every 1/target_sample_fraction-th micro-batch is text the target itself sampled (temperature 1)
     # after a training-text prefix of sample_prefix tokens: the draft also learns on the target's own

@@ -56,8 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--out", default=DRAFT_DIR)
     draft.add_argument("--run-dir", default="runs/draft")
     draft.add_argument("--init", default=None, metavar="DIR",
-                       help="warm start from this draft checkpoint (same widths; extra layers start as identity)")
+                       help="warm start from this draft checkpoint (same hidden size; extra layers start as "
+                            "identity; a wider MLP keeps its busiest neurons)")
     draft.add_argument("--layers", type=int, default=None, help="draft layers (default: the recipe's)")
+    draft.add_argument("--intermediate", type=int, default=None,
+                       help="draft MLP width (default: the recipe's)")
     draft.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     draft.add_argument("--sample-fraction", type=float, default=None,
                        help="share of micro-batches the target generated itself (default: the recipe's)")
@@ -66,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--ce-weight", type=float, default=None,
                        help="weight of next-token cross-entropy on the text against KL to the target "
                             "(0 = pure distillation; default: the recipe's)")
+    draft.add_argument("--argmax-weight", type=float, default=None,
+                       help="extra cross-entropy on the target's argmax token, for greedy acceptance "
+                            "(default: the recipe's)")
     draft.add_argument("--seed", type=int, default=None,
                        help="data order and sampling seed (default: the recipe's; change it when "
                             "continuing from --init so the draft sees text it has not seen)")
@@ -148,8 +154,19 @@ def _target_recipe(args: argparse.Namespace) -> TargetRecipe:
 def _draft_recipe(args: argparse.Namespace) -> DraftRecipe:
     recipe = DraftRecipe()
     changes = {"optim": _optim_changes(args, recipe.optim)}
+    model = {}
     if args.layers is not None:
-        changes["model"] = replace(recipe.model, num_hidden_layers=args.layers)
+        model["num_hidden_layers"] = args.layers
+    if args.intermediate is not None:
+        if args.intermediate < 1:
+            raise SystemExit("verispec train draft: --intermediate must be a positive width")
+        model["intermediate_size"] = args.intermediate
+    if model:
+        changes["model"] = replace(recipe.model, **model)
+    if args.argmax_weight is not None:
+        if args.argmax_weight < 0:
+            raise SystemExit("verispec train draft: --argmax-weight must not be negative")
+        changes["argmax_weight"] = args.argmax_weight
     if args.mix is not None:
         changes["mix"] = _parse_mix(args.mix, recipe.mix, "draft")
     if args.ce_weight is not None:
