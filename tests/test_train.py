@@ -49,6 +49,23 @@ def test_shipped_tokenizer_loads_with_chat_template():
     assert rendered == render_chat(messages, add_generation_prompt=True)
 
 
+def test_compacted_tokenizer_json_is_the_same_tokenizer_in_fewer_bytes(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from verispec.train.tokenizer import compact_tokenizer_json
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(["def f(x):\n    return x + 1\n"] * 20,
+                                  trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path), pretty=True)
+    pretty_size = path.stat().st_size
+    compact_tokenizer_json(path)
+    assert path.stat().st_size < 0.8 * pretty_size
+    assert Tokenizer.from_file(str(path)).to_str() == tokenizer.to_str()
+
+
 def test_shipped_model_files_fit_the_size_limit():
     """Issue 3: every committed model file (both checkpoint dirs, tokenizers included) in at most 40 MB."""
     files = [f for name in ("target", "draft") for f in (DATA_DIR / name).iterdir() if f.is_file()]

@@ -92,6 +92,13 @@ def _write_portable_config(out_dir: Path) -> None:
     (out_dir / "chat_template.jinja").unlink(missing_ok=True)
     special_map = {"eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "additional_special_tokens": special}
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+    compact_tokenizer_json(out_dir / "tokenizer.json")
+
+
+def compact_tokenizer_json(path: Path) -> None:
+    """Rewrite tokenizer.json without indentation: the same tokenizer in ~40% of the bytes (it ships
+    twice inside the package, once per checkpoint dir, under the model files' size limit)."""
+    Tokenizer.from_file(str(path)).save(str(path), pretty=False)
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
