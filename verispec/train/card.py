@@ -33,13 +33,15 @@ TRAINING_RUNS = {
                "2 CPU cores (2 threads, bf16 autocast on AMX-BF16; the machine to itself), continuing the first "
                "target (`verispec train target --minutes 85`, fp32 from scratch: 509 steps, 4,169,728 tokens, "
                "817 tokens/s), so the lineage totals 150 minutes and 13.6M tokens"),
-    "Draft": ("verispec train draft --minutes 35 --init <intermediate draft> --lr 5e-4 --sample-fraction 0.5 "
-              "--greedy-fraction 1.0 --ce-weight 0 --seed 6 --mix code=0.6,chat=0.3,math=0.1",
+    "Draft": ("verispec train draft --minutes 30 --init <intermediate draft> --lr 5e-4 --sample-fraction 0.5 "
+              "--greedy-fraction 1.0 --ce-weight 0 --argmax-weight 0.25 --seed 8 --mix code=0.55,chat=0.3,math=0.15",
               "2 CPU cores (2 threads, bf16 autocast; the machine to itself) against the target above; the "
-              "intermediate draft was `verispec train draft --minutes 40 --init <previous draft> --lr 7e-4 "
-              "--sample-fraction 0.5 --greedy-fraction 1.0 --ce-weight 0 --seed 5 --mix "
-              "code=0.5,chat=0.35,math=0.15`, and the previous draft 50 minutes (seed 4, code 30%) from the "
-              "draft of the first target; half the micro-batches are the target's own greedy continuations"),
+              "intermediate draft was `verispec train draft --minutes 40 --init <previous draft> --layers 3 "
+              "--intermediate 576 --lr 7e-4 --sample-fraction 0.5 --greedy-fraction 1.0 --ce-weight 0 --seed 7 "
+              "--mix code=0.6,chat=0.3,math=0.1` (the previous draft's two layers with their MLPs narrowed to "
+              "the 576 busiest neurons, and a third layer starting as the identity), and the previous draft "
+              "(two layers, MLP 768) 125 minutes in three warm-started runs from the draft of the first target; "
+              "half the micro-batches are the target's own greedy continuations"),
 }
 SETTINGS = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParams(temperature=1.0)}
 
