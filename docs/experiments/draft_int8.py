@@ -10,6 +10,7 @@ side in one process:
    median over repeats of each chain's speedup over plain in the same repeat.
 
     OMP_NUM_THREADS=1 python docs/experiments/draft_int8.py --repeats 5
+    OMP_NUM_THREADS=1 python docs/experiments/draft_int8.py --repeats 5 --versus OTHER_DRAFT_DIR  # two drafts, int8
 """
 import argparse
 import json
@@ -27,12 +28,17 @@ parser.add_argument("--repeats", type=int, default=5)
 parser.add_argument("--prompts", type=int, default=3, help="held-out prompts per workload")
 parser.add_argument("--max-tokens", type=int, default=64)
 parser.add_argument("--gammas", default="2,3,4,5,6")
+parser.add_argument("--versus", metavar="DRAFT_DIR",
+                    help="compare the shipped draft with this one, both int8 (instead of bf16 vs int8)")
 args = parser.parse_args()
 torch.set_num_threads(1)
 GREEDY = SamplingParams(temperature=0)
 
-native, int8 = load_pair(draft_weights="native"), load_pair(draft_weights="int8")
-pairs = {"native": native, "int8": int8}
+if args.versus:
+    pairs = {"shipped": load_pair(draft_weights="int8"), "versus": load_pair(None, args.versus, draft_weights="int8")}
+else:
+    pairs = {"native": load_pair(draft_weights="native"), "int8": load_pair(draft_weights="int8")}
+native = next(iter(pairs.values()))  # plain decoding runs on the first pair's target
 tokenizer = native.tokenizer
 texts = json.loads(PROMPTS_FILE.read_text())
 
