@@ -6,9 +6,10 @@
 
 The loss is `losses.distillation_loss`: KL(target || draft) on the target's temperature-1
 distributions, mixed with cross-entropy on the next token (and optionally on the target's argmax),
-over training text and (a
-``target_sample_fraction`` of micro-batches) over continuations the target sampled itself. The
-tokenizer is the target's (copied from the target checkpoint dir).
+over training text and (a ``target_sample_fraction`` of micro-batches) over continuations the target
+sampled itself. The tokenizer is the target's (copied from the target checkpoint dir). A warm start
+(``init_dir``) may have fewer layers (the extra ones start as the identity, ``grow_from``) and wider
+MLPs (they keep their busiest neurons, ``narrow_mlps``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     def loss_fn(tokens: torch.Tensor, micro_step: int):
         return distillation_loss(draft, teacher, tokens, recipe.ce_weight, recipe.argmax_weight)
 
-    loss_keys = ["loss", "kl", "ce"]
+    loss_keys = ["loss", "kl", "ce", "argmax_ce"]
 
     def save_latest(step: int, history: TrainHistory) -> None:
         export_checkpoint(draft, run_dir / "checkpoint-latest", target_dir)
