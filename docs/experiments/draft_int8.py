@@ -38,8 +38,8 @@ if args.versus:
     pairs = {"shipped": load_pair(draft_weights="int8"), "versus": load_pair(None, args.versus, draft_weights="int8")}
 else:
     pairs = {"native": load_pair(draft_weights="native"), "int8": load_pair(draft_weights="int8")}
-native = next(iter(pairs.values()))  # plain decoding runs on the first pair's target
-tokenizer = native.tokenizer
+first = next(iter(pairs.values()))  # plain decoding runs on the first pair's target
+tokenizer = first.tokenizer
 texts = json.loads(PROMPTS_FILE.read_text())
 
 
@@ -72,7 +72,7 @@ for name, pair in pairs.items():
     hot, cold = step_ms(pair.draft)
     print(f"draft step, {name:6s}: {hot:.3f} ms in a loop, {cold:.3f} ms after 32 MB of other traffic")
 
-plain = build_engine(native, SpecConfig(method="none"))
+plain = build_engine(first, SpecConfig(method="none"))
 continuations = []
 for workload, items in texts.items():
     for text in items:
@@ -91,7 +91,7 @@ for name, pair in pairs.items():
     print(f"greedy match rate, {name:6s}: " + ", ".join(f"{w} {sum(v) / len(v):.4f}" for w, v in rates.items()))
 
 gammas = [int(g) for g in args.gammas.split(",")]
-configs = {"off": (native, SpecConfig(method="none"))}
+configs = {"off": (first, SpecConfig(method="none"))}
 for g in gammas:
     for name, pair in pairs.items():
         configs[f"{name} g{g}"] = (pair, SpecConfig(method="chain", gamma=g, draft_vocab=EMBEDDED_DRAFT_VOCAB))

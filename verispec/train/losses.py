@@ -90,12 +90,12 @@ def distillation_loss(draft: LlamaForCausalLM, teacher: LlamaForCausalLM, tokens
     draft_logits, _ = draft.train_forward(inputs)
     draft_log_probs = F.log_softmax(draft_logits.float(), dim=-1)
     kl = F.kl_div(draft_log_probs, teacher_log_probs, log_target=True, reduction="none").sum(-1).mean()
-    ce = F.nll_loss(draft_log_probs.reshape(-1, draft_log_probs.shape[-1]), labels.reshape(-1))
+    flat = draft_log_probs.reshape(-1, draft_log_probs.shape[-1])  # (B * T, V)
+    ce = F.nll_loss(flat, labels.reshape(-1))
     total = (1 - ce_weight) * kl + ce_weight * ce
     scalars = {"kl": kl.item(), "ce": ce.item()}
     if argmax_weight > 0:
-        argmax = teacher_log_probs.argmax(dim=-1)  # (B, T)
-        argmax_ce = F.nll_loss(draft_log_probs.reshape(-1, draft_log_probs.shape[-1]), argmax.reshape(-1))
+        argmax_ce = F.nll_loss(flat, teacher_log_probs.argmax(dim=-1).reshape(-1))
         total = total + argmax_weight * argmax_ce
         scalars["argmax_ce"] = argmax_ce.item()
     return total, scalars
