@@ -179,3 +179,25 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
         best = (ordered[k - 1], ordered[n - k], coverage)
     return best
 
+
+
+def ratio_interval(numerators: list[float], denominators: list[float], level: float = 0.95,
+                   resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval for sum(numerators) / sum(denominators), resampling the pairs
+    (one pair per prompt: its accepted and proposed drafts, say), so a prompt's tokens stay together.
+    Deterministic for a given ``seed``; None with fewer than two pairs."""
+    import random
+
+    pairs = list(zip(numerators, denominators, strict=True))
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    n, ratios = len(pairs), []
+    for _ in range(resamples):
+        top = bottom = 0.0
+        for _ in range(n):
+            a, b = pairs[rng.randrange(n)]
+            top, bottom = top + a, bottom + b
+        ratios.append(top / bottom if bottom else 0.0)
+    tail = (1 - level) / 2 * 100
+    return percentile(ratios, tail), percentile(ratios, 100 - tail)

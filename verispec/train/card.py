@@ -25,6 +25,7 @@ from verispec.drafters import DraftModelDrafter, EarlyExitDrafter
 from verispec.engine import SpecEngine
 from verispec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair
 from verispec.models.llama import LlamaForCausalLM, parameter_count
+from verispec.stats import ratio_interval
 
 # How the shipped checkpoints were trained: the command, and what the CPU was doing meanwhile.
 TRAINING_RUNS = {
@@ -48,18 +49,23 @@ SETTINGS = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParams(temp
 
 def acceptance_by_workload(engine: SpecEngine, prompts: dict[str, list[list[int]]], spec: SpecConfig,
                            sampling: SamplingParams, max_tokens: int, progress) -> dict[str, dict]:
+    """Pooled acceptance rate and committed tokens per round per workload, each with a 95% bootstrap
+    interval over prompts (a prompt's rounds resampled together: they share one trajectory)."""
     out = {}
     for workload, items in prompts.items():
-        drafted = accepted = committed = rounds = 0
+        drafted, accepted, committed, rounds = [], [], [], []
         for seed, ids in enumerate(items):
             result = engine.generate(ids, sampling, spec, StopRules(max_tokens=max_tokens, ignore_eos=True), seed=seed)
             stats = result.stats
-            drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
-            committed += sum(r.committed for r in stats.rounds)
-            rounds += len(stats.rounds)
+            drafted.append(stats.drafted)
+            accepted.append(stats.accepted)
+            committed.append(sum(r.committed for r in stats.rounds))
+            rounds.append(len(stats.rounds))
             progress.update(1)
-        out[workload] = {"acceptance_rate": accepted / drafted if drafted else 0.0,
-                         "committed_per_round": committed / rounds if rounds else 0.0, "prompts": len(items)}
+        out[workload] = {"acceptance_rate": sum(accepted) / sum(drafted) if sum(drafted) else 0.0,
+                         "acceptance_interval": ratio_interval(accepted, drafted),
+                         "committed_per_round": sum(committed) / sum(rounds) if sum(rounds) else 0.0,
+                         "committed_interval": ratio_interval(committed, rounds), "prompts": len(items)}
     return out
 
 
@@ -77,9 +83,13 @@ def report_drafts(target: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM],
         print(name)
         for workload in row["greedy"]:
             g, t = row["greedy"][workload], row["t1"][workload]
-            print(f"  {workload}: greedy acceptance {g['acceptance_rate']:.3f} committed/round "
-                  f"{g['committed_per_round']:.2f}; t=1 acceptance {t['acceptance_rate']:.3f} committed/round "
-                  f"{t['committed_per_round']:.2f}", flush=True)
+            print(f"  {workload}: greedy acceptance {g['acceptance_rate']:.3f} {_span(g['acceptance_interval'], 3)} "
+                  f"committed/round {g['committed_per_round']:.2f}; t=1 acceptance {t['acceptance_rate']:.3f} "
+                  f"committed/round {t['committed_per_round']:.2f} {_span(t['committed_interval'], 2)}", flush=True)
+
+
+def _span(interval: tuple[float, float] | None, digits: int) -> str:
+    return f"[{interval[0]:.{digits}f}-{interval[1]:.{digits}f}]" if interval else "[n/a]"
 
 
 def unadapted_like(model: LlamaForCausalLM) -> LlamaForCausalLM:
