@@ -580,14 +580,14 @@ def test_default_pair_missing_is_one_line_error(capsys, monkeypatch):
 
 
 def test_startup_objects_are_frozen_out_of_full_collections():
-    """`verispec serve` freezes what startup left alive, so a full collection while serving no longer
-    walks the models' and modules' objects (a ~110 ms stall of every running request)."""
+    """`verispec serve` and the in-process benchmarks freeze what loading left alive, so a full collection
+    while decoding no longer walks the models' and modules' objects (a ~110 ms stall of every running request)."""
     import gc
 
-    from verispec.server.cli import freeze_startup_objects
+    from verispec.loading import freeze_long_lived_objects
 
     try:
-        freeze_startup_objects()
+        freeze_long_lived_objects()
         assert gc.get_freeze_count() > 10_000  # the test process's modules at least
         began = time.perf_counter()
         gc.collect()

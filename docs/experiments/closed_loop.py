@@ -13,7 +13,7 @@ from verispec.batch import BatchEngine, BatchRequest
 from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
 from verispec.config import SamplingParams, SpecConfig, StopRules
-from verispec.loading import load_pair, resolve_draft_vocab
+from verispec.loading import freeze_long_lived_objects, load_pair, resolve_draft_vocab
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=3)
@@ -58,6 +58,7 @@ policy_observe = adaptive.gamma_policy.observe
 def observe(batch_size, gamma, *rest):
     ran.append((AdaptiveGamma.bucket(batch_size), gamma)); policy_observe(batch_size, gamma, *rest)
 adaptive.gamma_policy.observe = observe
+freeze_long_lived_objects()  # as verispec serve does
 
 def runs_of(rounds):
     out = []

@@ -26,7 +26,8 @@ from verispec.bench.records import DEFINITIONS, RequestRecord, compare, mark_ide
 from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_prompt_set, eos_for
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import DATA_DIR, ModelPair, eos_ids, load_pair, load_tokenizer, resolve_draft_vocab
+from verispec.loading import (DATA_DIR, ModelPair, eos_ids, freeze_long_lived_objects, load_pair, load_tokenizer,
+                              resolve_draft_vocab)
 
 log = logging.getLogger(__name__)
 SCHEMA = "verispec-bench/1"
@@ -94,6 +95,7 @@ def _offline(config: BenchConfig, variants: list[Variant], pair: ModelPair, toke
     total = sum(len(prompts) * settings.repeats * sum(c == 1 or v.batchable for v in variants)
                 for c in settings.concurrency)
     memory = PeakMemory(config.models.device)
+    freeze_long_lived_objects()  # as verispec serve does: no full collection walks the models mid-run
     with tqdm(total=total, desc="bench offline", unit="req", file=sys.stderr, disable=not progress) as bar:
         outcome = run_offline(runners, prompts, make_job, settings, memory, bar)
     if config.sampling.temperature == 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
@@ -91,7 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from verispec.server.app import GracefulServer, create_app
     except ImportError as err:
         raise VerispecError(f"serving needs the 'server' extra ({err}); pip install 'verispec[server]'") from None
-    from verispec.loading import load_pair, resolve_draft_vocab
+    from verispec.loading import freeze_long_lived_objects, load_pair, resolve_draft_vocab
 
     needs_draft = spec.enabled and spec.drafter == "model"
     if args.target is None and args.draft is not None:
@@ -112,7 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
             raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
     app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile,
                      trace_rounds=args.trace_rounds)
-    freeze_startup_objects()
+    freeze_long_lived_objects()
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
@@ -121,13 +120,3 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, after the graceful shutdown
         pass
     return 0
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive after startup (modules, models, tokenizer, app: ~320k objects for the
-    embedded pair) out of the garbage collector's reach; they live as long as the server. Otherwise
-    each full collection while serving walks all of them, ~110 ms on the AMX Xeon, and stalls one
-    round of every running request (a 124 ms gamma-0 round in a traced sweep at concurrency 16, 20x
-    its neighbours; ``python docs/experiments/gc_pause.py``)."""
-    gc.collect()
-    gc.freeze()

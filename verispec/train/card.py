@@ -190,13 +190,14 @@ def render(measured: dict) -> str:
     lines += ["## Acceptance on held-out prompts", "",
               f"`python -m verispec.train.card --prompts {measured['prompts_per_workload']} --max-tokens "
               f"{measured['max_tokens']}` (chain, gamma 4, {measured['max_tokens']} tokens per prompt, EOS ignored)", "",
-              "| workload | greedy acceptance | greedy committed/round | t=1 acceptance | t=1 committed/round |",
-              "|---|---|---|---|---|"]
+              "| workload | greedy acceptance [95% interval over prompts] | greedy committed/round | t=1 acceptance | "
+              "t=1 committed/round [95%] |", "|---|---|---|---|---|"]
     chain = measured["chain_gamma4"]
     for workload in chain["greedy"]:
         g, t = chain["greedy"][workload], chain["t1"][workload]
-        lines.append(f"| {workload} | {g['acceptance_rate']:.3f} | {g['committed_per_round']:.2f} | "
-                     f"{t['acceptance_rate']:.3f} | {t['committed_per_round']:.2f} |")
+        lines.append(f"| {workload} | {g['acceptance_rate']:.3f} {_span(g.get('acceptance_interval'), 3)} | "
+                     f"{g['committed_per_round']:.2f} | {t['acceptance_rate']:.3f} | {t['committed_per_round']:.2f} "
+                     f"{_span(t.get('committed_interval'), 2)} |")
     lines += ["", "Self-speculation (early exit, greedy, gamma 4): acceptance rate per exit layer, embedded target "
               "vs. an unadapted model of the same shape (random weights):", "",
               "| exit layer | " + " | ".join(f"{w} (trained)" for w in chain["greedy"]) + " | "
