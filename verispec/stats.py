@@ -25,6 +25,7 @@ Definitions (DESIGN.md "Metrics"):
 from __future__ import annotations
 
 import math
+import random
 
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -180,14 +181,11 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return best
 
 
-
 def ratio_interval(numerators: list[float], denominators: list[float], level: float = 0.95,
                    resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
     """Percentile-bootstrap interval for sum(numerators) / sum(denominators), resampling the pairs
     (one pair per prompt: its accepted and proposed drafts, say), so a prompt's tokens stay together.
     Deterministic for a given ``seed``; None with fewer than two pairs."""
-    import random
-
     pairs = list(zip(numerators, denominators, strict=True))
     if len(pairs) < 2:
         return None
