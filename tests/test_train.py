@@ -322,3 +322,26 @@ def test_card_acceptance_pools_prompts_and_brackets_them(tmp_path):
     measured = {"chain_gamma4": {"greedy": {"code": got}, "t1": {"code": got}}, "prompts_per_workload": 12,
                 "max_tokens": 20, "early_exit_greedy_gamma4": {}, "unadapted_early_exit_greedy_gamma4": {}}
     assert f"{pooled:.3f} [{low:.3f}-{high:.3f}]" in render(measured)
+
+
+def test_step_estimate_is_renewed_when_the_first_steps_were_slow():
+    """The plan from the first steps (slow here: 60 ms of 'warm-up') undershoots; the renewed estimate
+    that sizes the progress bar ends near the steps actually run."""
+    import time as clock
+
+    from verispec.train.loop import BudgetedLoop
+    from verispec.train.recipes import OptimConfig
+
+    model, tokens = tiny(), repeating_batch()
+
+    def loss_fn(batch, micro_step):
+        if micro_step < 2:
+            clock.sleep(0.06)
+        else:
+            clock.sleep(0.005)
+        return layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step, random.Random(0))
+
+    config = OptimConfig(accum_steps=1, plan_after_steps=2, log_every=1)
+    history = BudgetedLoop(model, config, minutes=0.012).run(iter(lambda: tokens, None), loss_fn)
+    assert history.planned_steps < 0.6 * history.steps_done
+    assert abs(history.estimated_steps - history.steps_done) <= max(2, 0.1 * history.steps_done)

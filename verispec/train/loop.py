@@ -4,10 +4,10 @@
     history = loop.run(batches, loss_fn)     # loss_fn(tokens (B, T+1), micro_step) -> (loss, scalars)
     history.records[-1]["loss"], history.planned_steps
 
-The first ``plan_after_steps`` optimizer steps are timed; the planned step count is then fixed as
-the steps that fit in the remaining time, and the cosine decays over that many steps (or over the time
-budget, if the machine slows down later). The loop stops at the planned step or when the time is up,
-whichever comes first. Prime ``batches`` before ``run`` so data loading is not timed.
+The loop runs until the time budget is spent, and the cosine decays over that time. The first
+``plan_after_steps`` optimizer steps are timed to plan a step count (``planned_steps``, logged); the
+first steps are the slowest, so the estimate is renewed at every logged step (``estimated_steps``,
+the progress bar's total). Prime ``batches`` before ``run`` so data loading is not timed.
 ``on_checkpoint(step, history)`` runs every ``checkpoint_every_s`` seconds so an interrupted run
 leaves something usable.
 """
@@ -65,7 +65,8 @@ def make_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.A
 @dataclass
 class TrainHistory:
     records: list[dict] = field(default_factory=list)  # one per logged step
-    planned_steps: int | None = None
+    planned_steps: int | None = None  # the steps the budget fits at the first steps' speed
+    estimated_steps: int | None = None  # the same at the speed so far (renewed each logged step)
     steps_done: int = 0
     tokens_seen: int = 0
     train_seconds: float = 0.0
@@ -124,10 +125,12 @@ class BudgetedLoop:
             history.tokens_seen += config.tokens_per_step
             elapsed = history.train_seconds = time.monotonic() - start
             if self._planned is None and history.steps_done >= config.plan_after_steps:
-                self._planned = history.planned_steps = self._plan(history, elapsed)
+                self._planned = history.planned_steps = history.estimated_steps = self._plan(history, elapsed)
                 progress.total = self._planned
                 logger.info("measured %.0f tokens/s over %d steps; planned %d steps in %.0f min",
                             history.tokens_per_second, history.steps_done, self._planned, self.budget_s / 60)
+            elif self._planned is not None and history.steps_done % config.log_every == 0:
+                history.estimated_steps = progress.total = self._plan(history, elapsed)
             progress.update(1)
             progress.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{history.tokens_per_second:.0f}")
             if history.steps_done % config.log_every == 0 or history.steps_done == 1:
