@@ -345,3 +345,15 @@ def test_step_estimate_is_renewed_when_the_first_steps_were_slow():
     history = BudgetedLoop(model, config, minutes=0.012).run(iter(lambda: tokens, None), loss_fn)
     assert history.planned_steps < 0.6 * history.steps_done
     assert abs(history.estimated_steps - history.steps_done) <= max(2, 0.1 * history.steps_done)
+
+
+def test_no_layerskip_flag_trains_a_plain_baseline_target():
+    from verispec.train.recipes import TargetRecipe
+    from verispec.train.train import _parser, _target_recipe
+
+    plain = _target_recipe(_parser().parse_args(["target", "--minutes", "1", "--no-layerskip"])).layerskip
+    assert plain.max_dropout == 0.0 and plain.exits_per_micro_batch == 0
+    assert _target_recipe(_parser().parse_args(["target", "--minutes", "1"])).layerskip == TargetRecipe().layerskip
+    model, tokens = tiny(), repeating_batch()
+    _, scalars = layerskip_loss(model, tokens, plain, 0, random.Random(0))
+    assert scalars["layers_skipped"] == 0.0 and not any(key.startswith("exit") for key in scalars)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, NEW_TOKENIZER_DIR, TARGET_DIR, TOKENIZER_DIR,
-                                    CompressedRecipe, DraftRecipe, TargetRecipe)
+                                    CompressedRecipe, DraftRecipe, LayerSkipConfig, TargetRecipe)
 
 logger = logging.getLogger(__name__)
 DEFAULT_THREADS = 2
@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--seed", type=int, default=None,
                         help="data order and layer-dropout seed (default: the recipe's; change it when "
                              "continuing from --init so the target sees text it has not seen)")
+    target.add_argument("--no-layerskip", action="store_true",
+                        help="plain next-token training (no layer dropout, no early-exit loss): the baseline "
+                             "that shows what the LayerSkip recipe does for early exits")
 
     draft = commands.add_parser("draft", help="distil the draft model from a trained target")
     draft.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
@@ -148,6 +151,8 @@ def _target_recipe(args: argparse.Namespace) -> TargetRecipe:
     changes = {"optim": _optim_changes(args, recipe.optim)}
     if args.mix is not None:
         changes["mix"] = _parse_mix(args.mix, recipe.mix, "target")
+    if args.no_layerskip:
+        changes["layerskip"] = LayerSkipConfig(max_dropout=0.0, exits_per_micro_batch=0)
     return replace(recipe, **changes)
 
 
