@@ -9,10 +9,8 @@ prompts (~0.045 wide on code; ~2.3 minutes per draft on 2 cores).
     OMP_NUM_THREADS=2 python docs/experiments/acceptance_wide.py DRAFT_DIR [DRAFT_DIR ...] [--prompts 320]
 """
 import argparse
-from verispec.bench.config import PromptSettings
-from verispec.bench.workloads import build_prompt_set
 from verispec.loading import DEFAULT_DRAFT, load_pair
-from verispec.train.card import report_drafts
+from verispec.train.card import heldout_bench_prompts, report_drafts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("drafts", nargs="*", help="draft checkpoint dirs (the shipped draft is always measured first)")
@@ -20,10 +18,7 @@ ap.add_argument("--prompts", type=int, default=320, help="prompts per workload (
 ap.add_argument("--max-tokens", type=int, default=64)
 args = ap.parse_args()
 pair = load_pair(None, None)
-settings = PromptSettings(per_workload=args.prompts, max_output_tokens=args.max_tokens)
-prompts: dict[str, list[list[int]]] = {}
-for item in build_prompt_set(settings, pair.tokenizer, pair.target.config.max_context, extra_slots=8):
-    prompts.setdefault(item.task, []).append(list(item.prompt_ids))
+prompts = heldout_bench_prompts(pair.tokenizer, pair.target.config.max_context, args.prompts, args.max_tokens)
 print("prompts per workload:", {w: len(p) for w, p in prompts.items()}, flush=True)
 drafts = {str(DEFAULT_DRAFT): pair.draft, **{path: load_pair(None, path).draft for path in args.drafts}}
 report_drafts(pair.target, drafts, prompts, args.max_tokens)

@@ -11,13 +11,8 @@ benchmark's held-out prompts, with 95% bootstrap intervals over prompts.
 import argparse, json, sys
 from pathlib import Path
 from tqdm import tqdm
-from verispec.bench.config import PromptSettings
-from verispec.bench.workloads import build_prompt_set
-from verispec.config import SpecConfig
-from verispec.drafters import EarlyExitDrafter
-from verispec.engine import SpecEngine
 from verispec.loading import load_model, load_tokenizer
-from verispec.train.card import SETTINGS, acceptance_by_workload
+from verispec.train.card import early_exit_acceptance, heldout_bench_prompts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("layerskip", help="target trained with the recipe")
@@ -25,13 +20,10 @@ ap.add_argument("plain", help="target trained with --no-layerskip")
 ap.add_argument("--prompts", type=int, default=32, help="held-out prompts per workload")
 ap.add_argument("--max-tokens", type=int, default=64)
 args = ap.parse_args()
-tokenizer = load_tokenizer(args.layerskip)
 models = {"layerskip": load_model(args.layerskip), "plain": load_model(args.plain)}
 layers = models["plain"].config.num_hidden_layers
-settings = PromptSettings(per_workload=args.prompts, max_output_tokens=args.max_tokens)
-prompts: dict[str, list[list[int]]] = {}
-for item in build_prompt_set(settings, tokenizer, models["plain"].config.max_context, extra_slots=8):
-    prompts.setdefault(item.task, []).append(list(item.prompt_ids))
+prompts = heldout_bench_prompts(load_tokenizer(args.layerskip), models["plain"].config.max_context, args.prompts,
+                                args.max_tokens)
 
 for name, path in (("layerskip", args.layerskip), ("plain", args.plain)):
     metrics = json.loads((Path(path) / "training_metrics.json").read_text())
@@ -44,20 +36,14 @@ for name, path in (("layerskip", args.layerskip), ("plain", args.plain)):
               flush=True)
 
 progress = tqdm(total=2 * (layers - 1) * sum(map(len, prompts.values())), desc="early exits", file=sys.stderr)
-rows = {}
-for name, model in models.items():
-    for exit_layer in range(1, layers):
-        spec = SpecConfig(method="chain", gamma=4, drafter="early_exit", exit_layer=exit_layer)
-        engine = SpecEngine(model, EarlyExitDrafter(model, exit_layer))
-        rows[(name, exit_layer)] = acceptance_by_workload(engine, prompts, spec, SETTINGS["greedy"], args.max_tokens,
-                                                          progress)
+rows = {name: early_exit_acceptance(model, prompts, args.max_tokens, progress) for name, model in models.items()}
 progress.close()
 print("greedy early-exit acceptance, gamma 4:", {w: len(p) for w, p in prompts.items()}, "prompts")
-for exit_layer in range(1, layers):
+for exit_layer in map(str, range(1, layers)):
     cells = []
     for workload in prompts:
         for name in models:
-            got = rows[(name, exit_layer)][workload]
+            got = rows[name][exit_layer][workload]
             low, high = got["acceptance_interval"]
             cells.append(f"{workload} {name} {got['acceptance_rate']:.3f} [{low:.3f}-{high:.3f}]")
     print(f"  exit {exit_layer}: " + "; ".join(cells), flush=True)

@@ -62,11 +62,40 @@ def acceptance_by_workload(engine: SpecEngine, prompts: dict[str, list[list[int]
             committed.append(sum(r.committed for r in stats.rounds))
             rounds.append(len(stats.rounds))
             progress.update(1)
-        out[workload] = {"acceptance_rate": sum(accepted) / sum(drafted) if sum(drafted) else 0.0,
+        out[workload] = {"acceptance_rate": _pooled(accepted, drafted),
                          "acceptance_interval": ratio_interval(accepted, drafted),
-                         "committed_per_round": sum(committed) / sum(rounds) if sum(rounds) else 0.0,
+                         "committed_per_round": _pooled(committed, rounds),
                          "committed_interval": ratio_interval(committed, rounds), "prompts": len(items)}
     return out
+
+
+def _pooled(numerators: list[int], denominators: list[int]) -> float:
+    total = sum(denominators)
+    return sum(numerators) / total if total else 0.0
+
+
+def early_exit_acceptance(model: LlamaForCausalLM, prompts: dict[str, list[list[int]]], max_tokens: int,
+                          progress) -> dict[str, dict[str, dict]]:
+    """Greedy self-speculation (chain, gamma 4) acceptance per exit layer 1..L-1, per workload."""
+    out = {}
+    for exit_layer in range(1, model.config.num_hidden_layers):
+        spec = SpecConfig(method="chain", gamma=4, drafter="early_exit", exit_layer=exit_layer)
+        engine = SpecEngine(model, EarlyExitDrafter(model, exit_layer))
+        out[str(exit_layer)] = acceptance_by_workload(engine, prompts, spec, SETTINGS["greedy"], max_tokens, progress)
+    return out
+
+
+def heldout_bench_prompts(tokenizer, max_context: int, per_workload: int, max_tokens: int) -> dict[str, list[list[int]]]:
+    """Token ids of the benchmark's held-out prompt sets (ShareGPT with the chat template, code, math), by
+    workload: the prompts acceptance_wide.py and layerskip_ablation.py measure on."""
+    from verispec.bench.config import PromptSettings
+    from verispec.bench.workloads import build_prompt_set
+
+    settings = PromptSettings(per_workload=per_workload, max_output_tokens=max_tokens)
+    prompts: dict[str, list[list[int]]] = {}
+    for item in build_prompt_set(settings, tokenizer, max_context, extra_slots=8):
+        prompts.setdefault(item.task, []).append(list(item.prompt_ids))
+    return prompts
 
 
 def report_drafts(target: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM],
@@ -116,16 +145,11 @@ def measure(prompts_per_workload: int, max_tokens: int) -> dict:
     engine = SpecEngine(pair.target, DraftModelDrafter(pair.draft))
     result = {"chain_gamma4": {name: acceptance_by_workload(engine, prompts, chain, sampling, max_tokens, progress)
                                for name, sampling in SETTINGS.items()},
-              "early_exit_greedy_gamma4": {}, "unadapted_early_exit_greedy_gamma4": {},
               "parameters": {"target": parameter_count(pair.target), "draft": parameter_count(pair.draft)},
               "prompts_per_workload": prompts_per_workload, "max_tokens": max_tokens}
     twin = unadapted_like(pair.target)
     for key, model in (("early_exit_greedy_gamma4", pair.target), ("unadapted_early_exit_greedy_gamma4", twin)):
-        for exit_layer in range(1, layers):
-            spec = SpecConfig(method="chain", gamma=4, drafter="early_exit", exit_layer=exit_layer)
-            self_engine = SpecEngine(model, EarlyExitDrafter(model, exit_layer))
-            result[key][str(exit_layer)] = acceptance_by_workload(self_engine, prompts, spec, SETTINGS["greedy"],
-                                                                  max_tokens, progress)
+        result[key] = early_exit_acceptance(model, prompts, max_tokens, progress)
     progress.close()
     return result
 

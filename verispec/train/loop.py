@@ -112,7 +112,6 @@ class BudgetedLoop:
 
     def run(self, batches: Iterator[torch.Tensor], loss_fn: LossFn) -> TrainHistory:
         config, history = self.config, TrainHistory()
-        self._planned: int | None = None
         self.model.train()
         start = last_checkpoint = time.monotonic()
         progress = tqdm(desc="train", unit="step", dynamic_ncols=True, mininterval=5.0)
@@ -124,12 +123,11 @@ class BudgetedLoop:
             history.steps_done += 1
             history.tokens_seen += config.tokens_per_step
             elapsed = history.train_seconds = time.monotonic() - start
-            if self._planned is None and history.steps_done >= config.plan_after_steps:
-                self._planned = history.planned_steps = history.estimated_steps = self._plan(history, elapsed)
-                progress.total = self._planned
+            if history.planned_steps is None and history.steps_done >= config.plan_after_steps:
+                history.planned_steps = history.estimated_steps = progress.total = self._plan(history, elapsed)
                 logger.info("measured %.0f tokens/s over %d steps; planned %d steps in %.0f min",
-                            history.tokens_per_second, history.steps_done, self._planned, self.budget_s / 60)
-            elif self._planned is not None and history.steps_done % config.log_every == 0:
+                            history.tokens_per_second, history.steps_done, history.planned_steps, self.budget_s / 60)
+            elif history.planned_steps is not None and history.steps_done % config.log_every == 0:
                 history.estimated_steps = progress.total = self._plan(history, elapsed)
             progress.update(1)
             progress.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{history.tokens_per_second:.0f}")
