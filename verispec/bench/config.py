@@ -40,7 +40,7 @@ CACHE_POLICY = ("native: preallocated per request (prompt + max_tokens + drafts 
 
 @dataclass(frozen=True)
 class ModelSettings:
-    target: str | None = None  # None: the embedded pair
+    target: str | None = None  # a name (smollm2, tiny) or path; None: smollm2
     draft: str | None = None
     tokenizer: str | None = None  # None: the target's
     precision: str = "float32"

@@ -26,8 +26,8 @@ from verispec.bench.records import DEFINITIONS, RequestRecord, compare, mark_ide
 from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_prompt_set, eos_for
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import (DATA_DIR, ModelPair, eos_ids, freeze_long_lived_objects, load_pair, load_tokenizer,
-                              resolve_draft_vocab)
+from verispec.loading import (ModelPair, eos_ids, freeze_long_lived_objects, load_pair, load_tokenizer,
+                              TARGET_NAMES, resolve_draft_vocab, resolve_target)
 
 log = logging.getLogger(__name__)
 SCHEMA = "verispec-bench/1"
@@ -177,9 +177,7 @@ def recompare(result: dict) -> dict:
 def _load_pair(config: BenchConfig, variants: list[Variant]) -> ModelPair:
     m = config.models
     needs_draft = any(v.needs_draft for v in variants)
-    if m.target is None and m.draft is not None:
-        raise VerispecError("models.draft needs models.target (or give neither for the embedded pair)")
-    if needs_draft and m.target is not None and m.draft is None:
+    if needs_draft and m.target is not None and m.target not in TARGET_NAMES and m.draft is None:
         raise VerispecError("the variants chain, tree:* and hf_assisted need a draft: set models.draft (--draft) "
                             "or keep only off, ngram, self, hf and hf_prompt_lookup")
     pair = load_pair(m.target, m.draft, device=m.device, need_draft=needs_draft, backend=m.backend,
@@ -197,9 +195,7 @@ def _tokenizer(config: BenchConfig, pair: ModelPair | None):
         return load_tokenizer(config.models.tokenizer)
     if pair is not None:
         return pair.tokenizer
-    if config.models.target is not None:
-        return load_tokenizer(config.models.target)
-    return load_tokenizer(DATA_DIR / "target")
+    return load_tokenizer(resolve_target(config.models.target)[0])
 
 
 def _eos_ids(tokenizer, pair: ModelPair | None) -> tuple[int, ...]:

@@ -393,6 +393,9 @@ class LlamaForCausalLM(nn.Module):
         if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr():
             head = nn.Linear(self.config.hidden_size, size, bias=False)
             head.weight = nn.Parameter(self.lm_head.weight.detach()[:size], requires_grad=False)
+            blocks = getattr(self.lm_head, "gguf_blocks", None)
+            if blocks is not None:  # GGUF rows are the head's rows too: the kernel reads the first ``size``
+                head.gguf_blocks = (blocks[0], blocks[1][:size])
             if isinstance(self.lm_head, kernels.SmallRowsLinear):
                 kernels.accelerate(head)
                 if self.lm_head.quantized is not None:
@@ -432,6 +435,12 @@ class LlamaForCausalLM(nn.Module):
         """Causal logits (B, T, V) over whole sequences, plus hidden states (before the final norm)
         after ``e`` layers for each e in ``exit_layers``. Layers in ``skip_layers`` are bypassed
         (LayerSkip's layer dropout)."""
+        last, hidden = self.train_hidden(input_ids, skip_layers, exit_layers)
+        return self.lm_head(self.model.norm(last)), hidden
+
+    def train_hidden(self, input_ids: torch.Tensor, skip_layers: frozenset[int] | set[int] = frozenset(),
+                     exit_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``train_forward`` without the final norm and head: the last layer's hidden states (B, T, H)."""
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         cos, sin = self._broadcast_rotary(*self._rotary(positions), batch, length)
@@ -442,7 +451,7 @@ class LlamaForCausalLM(nn.Module):
                 x = layer(x, cos, sin, None, index, None, length)
             if index + 1 in exit_layers:
                 hidden[index + 1] = x
-        return self.lm_head(self.model.norm(x)), hidden
+        return x, hidden
 
 
 def _attention_mask(bases: list[int], staged: int, num_new: int, num_slots: int,
@@ -466,9 +475,11 @@ def _attention_mask(bases: list[int], staged: int, num_new: int, num_slots: int,
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                    kernels: bool = True) -> LlamaForCausalLM:
+                    kernels: bool = True, shared_embedding: torch.Tensor | None = None) -> LlamaForCausalLM:
     """Load an HF checkpoint directory (config.json + *.safetensors, sharded or not). With ``kernels``
-    its linear layers use verispec.kernels for few-row CPU calls (decode, verification)."""
+    its linear layers use verispec.kernels for few-row CPU calls (decode, verification). With
+    ``shared_embedding`` (a tied checkpoint saved without its embedding) the model uses that tensor
+    itself as its embedding and LM head."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -498,11 +509,20 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+        shared = ("lm_head.weight", "model.embed_tokens.weight") if shared_embedding is not None else ()
+        missing = [name for name in missing
+                   if not (config.tie_word_embeddings and name == "lm_head.weight") and name not in shared]
         if missing or unexpected:
             raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
                                   f"{missing[:3]}, unexpected {unexpected[:3]}")
         model = model.to(device=device, dtype=dtype).eval()
+        if shared_embedding is not None:
+            if tuple(shared_embedding.shape) != (config.vocab_size, config.hidden_size) or not config.tie_word_embeddings:
+                raise CheckpointError(f"the checkpoint in {str(path)!r} cannot share an embedding of shape "
+                                      f"{tuple(shared_embedding.shape)} (it needs a tied "
+                                      f"{config.vocab_size} x {config.hidden_size} one)")
+            model.model.embed_tokens.weight = shared_embedding
+            model.lm_head.weight = shared_embedding
         if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
             accelerate(model)
     return model

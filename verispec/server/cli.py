@@ -90,13 +90,10 @@ def run_serve(args: argparse.Namespace) -> int:
         from verispec.server.app import GracefulServer, create_app
     except ImportError as err:
         raise VerispecError(f"serving needs the 'server' extra ({err}); pip install 'verispec[server]'") from None
-    from verispec.loading import freeze_long_lived_objects, load_pair, resolve_draft_vocab
+    from verispec.loading import check_model_args, freeze_long_lived_objects, load_pair, resolve_draft_vocab
 
     needs_draft = spec.enabled and spec.drafter == "model"
-    if args.target is None and args.draft is not None:
-        raise VerispecError("--draft needs --target (or pass neither to use the embedded pair)")
-    if args.target is not None and needs_draft and args.draft is None:
-        raise VerispecError("--method chain needs --draft DIR next to --target (or use --method ngram / none)")
+    check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
                      backend=args.backend, draft_weights=args.draft_weights)
     if needs_draft:

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import sysconfig
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +32,9 @@ Workload = Literal["chat", "code", "math"]
 Split = Literal["train", "heldout"]
 WORKLOADS: tuple[Workload, ...] = ("chat", "code", "math")
 SYNTHETIC_WORKLOADS = frozenset({"math"})
+
+# (messages as (role, text) pairs, add_generation_prompt) -> text; None: the embedded pair's chat format
+ChatRenderer = Callable[[Sequence[tuple[str, str]], bool], str]
 
 HELDOUT_PERCENT = 3
 CODE_MAX_CHARS = 20_000
@@ -98,9 +101,12 @@ def math_problems(split: Split) -> list[str]:
     return chosen
 
 
-def load_workload(name: Workload, split: Split) -> list[str]:
-    """The documents of one workload and split, in a fixed order."""
+def load_workload(name: Workload, split: Split, render_chat: ChatRenderer | None = None) -> list[str]:
+    """The documents of one workload and split, in a fixed order. ``render_chat`` renders chats in a
+    model's own template (default: the embedded pair's format)."""
     if name == "chat":
+        if render_chat is not None:
+            return [render_chat(c.messages, False) for c in chat_conversations(split)]
         return [c.render() for c in chat_conversations(split)]
     if name == "code":
         return [_truncate_at_line(source, CODE_MAX_CHARS) for _, source in code_sources(split)]
@@ -142,7 +148,7 @@ def _round_robin(groups: list[list[str]], n: int) -> list[str]:
     return picked[:n]
 
 
-def heldout_prompts(name: Workload, n: int) -> list[str]:
+def heldout_prompts(name: Workload, n: int, render_chat: ChatRenderer | None = None) -> list[str]:
     """``n`` deterministic prompts cut from held-out documents (fewer if the workload has fewer).
 
     chat: the conversation up to and including the first ``<|assistant|>\\n``;
@@ -150,7 +156,8 @@ def heldout_prompts(name: Workload, n: int) -> list[str]:
     math: the question up to and including ``Answer:``.
     """
     if name == "chat":
-        prompts = (c.render_first_prompt() for c in chat_conversations("heldout") if c.opens_with_user)
+        prompts = (c.render_first_prompt() if render_chat is None else render_chat(c.first_prompt_messages, True)
+                   for c in chat_conversations("heldout") if c.opens_with_user)
         return [p for p in prompts if len(p) <= PROMPT_MAX_CHARS][:n]
     if name == "code":
         return _round_robin([_function_prompts(source) for _, source in code_sources("heldout")], n)
@@ -164,11 +171,12 @@ def chat_filter_counts() -> dict:
     return dict(_all_conversations()[1])
 
 
-def iter_documents_forever(name: Workload, split: Split, seed: int) -> Iterator[tuple[int, str]]:
+def iter_documents_forever(name: Workload, split: Split, seed: int,
+                           render_chat: ChatRenderer | None = None) -> Iterator[tuple[int, str]]:
     """(epoch, document) pairs: the split reshuffled each epoch with ``seed`` and the epoch number."""
     import random
 
-    documents = load_workload(name, split)
+    documents = load_workload(name, split, render_chat)
     if not documents:
         raise ValueError(f"workload {name!r} has no {split} documents")
     epoch = 0

@@ -44,10 +44,15 @@ class Conversation:
         """True when the first non-system message is the user's (so it makes a prompt)."""
         return next(role for role, _ in self.messages if role != "system") == "user"
 
+    @property
+    def first_prompt_messages(self) -> tuple[tuple[str, str], ...]:
+        """The messages before the first assistant message."""
+        first_reply = next(i for i, (role, _) in enumerate(self.messages) if role == "assistant")
+        return self.messages[:first_reply]
+
     def render_first_prompt(self) -> str:
         """Everything before the first assistant message, plus the generation prompt ``<|assistant|>\\n``."""
-        first_reply = next(i for i, (role, _) in enumerate(self.messages) if role == "assistant")
-        return Conversation(self.record_id, self.messages[:first_reply]).render() + f"{ROLE_TOKENS['assistant']}\n"
+        return Conversation(self.record_id, self.first_prompt_messages).render() + f"{ROLE_TOKENS['assistant']}\n"
 
 
 def iter_json_array_records(text: str) -> Iterator[dict]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from verispec.train.corpus import Split, Workload, iter_documents_forever
+from verispec.train.corpus import ChatRenderer, Split, Workload, iter_documents_forever
 
 DEFAULT_MIX: Mapping[Workload, float] = {"code": 0.50, "chat": 0.35, "math": 0.15}
 EncodeBatch = Callable[[list[str]], list[list[int]]]
@@ -27,7 +27,8 @@ class MixedTokenStream:
     """An endless stream of token ids over the ``split`` documents of the workloads in ``mix``."""
 
     def __init__(self, encode_batch: EncodeBatch, eos_id: int, mix: Mapping[Workload, float] = DEFAULT_MIX,
-                 split: Split = "train", seed: int = 0, encode_chunk: int = 32):
+                 split: Split = "train", seed: int = 0, encode_chunk: int = 32,
+                 render_chat: ChatRenderer | None = None):
         if not mix or any(share <= 0 for share in mix.values()):
             raise ValueError(f"mix shares must be positive, got {dict(mix)}")
         total_share = sum(mix.values())
@@ -35,7 +36,7 @@ class MixedTokenStream:
         self.tokens_taken = {name: 0 for name in mix}
         self.epochs_started = {name: 0 for name in mix}
         self._encode_batch, self._eos_id, self._encode_chunk = encode_batch, eos_id, encode_chunk
-        self._documents = {name: iter_documents_forever(name, split, seed) for name in mix}
+        self._documents = {name: iter_documents_forever(name, split, seed, render_chat) for name in mix}
         self._encoded: dict[str, list[list[int]]] = {name: [] for name in mix}
         self._pending: list[int] = []
 

