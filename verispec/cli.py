@@ -387,6 +387,9 @@ def _run_profile(args) -> int:
                      if str(n) in data["verify_ms"])
     print(f"decode {data['decode_ms']:.2f} ms; draft {data.get('draft_ms', float('nan')):.2f} ms/token; "
           f"verify(n)/decode: {curve}; few-row kernel {data['small_m_kernel']}; profile written to {args.out}")
+    print(f"roofline: {data['weight_bytes_per_token'] / 1e6:.1f} MB of weights + "
+          f"{data['kv_bytes_per_token'] / 1e6:.1f} MB of KV per token at {data['bandwidth_gb_s']:.1f} GB/s = "
+          f"{data['roofline_ms']:.2f} ms; decode is {data['decode_over_roofline']:.2f}x that")
     return 0
 
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Union
 
 import torch
+from tqdm import tqdm
 
 from verispec import kernels
 from verispec.adaptive import make_policy
@@ -200,17 +202,26 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
     target_dir, draft_dir = resolve_target(target_dir, draft_dir)
-    target = load_model(target_dir, device, backend)
-    tokenizer = load_tokenizer(target_dir)
-    draft = None
-    if need_draft and draft_dir is not None:
-        draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
-            else load_model(draft_dir, device, backend)
-    if draft is not None:
-        check_compatible(target, draft)
-        check_same_tokenizer(tokenizer, draft_dir)
-        if draft_weights == "int8":
-            quantize_draft(draft)
+    with_draft = need_draft and draft_dir is not None
+    # A bar only when loading takes over a second (SmolLM2's first load converts the GGUF file).
+    with tqdm(total=3 if with_draft else 2, desc=f"loading {Path(target_dir).name}", unit="part", delay=1.0,
+              file=sys.stderr, leave=False, bar_format="{desc}: {n}/{total}{postfix} [{elapsed}]") as bar:
+        bar.set_postfix_str("target")
+        target = load_model(target_dir, device, backend)
+        bar.update()
+        bar.set_postfix_str("tokenizer")
+        tokenizer = load_tokenizer(target_dir)
+        bar.update()
+        draft = None
+        if with_draft:
+            bar.set_postfix_str("draft")
+            draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
+                else load_model(draft_dir, device, backend)
+            check_compatible(target, draft)
+            check_same_tokenizer(tokenizer, draft_dir)
+            if draft_weights == "int8":
+                quantize_draft(draft)
+            bar.update()
     return ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
 
 

@@ -64,7 +64,9 @@ class GracefulServer(uvicorn.Server):
 
 
 def default_model_name(pair: ModelPair) -> str:
-    return "verispec-default" if pair.target_dir.resolve() == DEFAULT_TARGET.resolve() else pair.target_dir.name
+    if pair.target_dir.resolve() == DEFAULT_TARGET.resolve():
+        return "verispec-default"
+    return pair.target_dir.stem if pair.target_dir.suffix.lower() == ".gguf" else pair.target_dir.name
 
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
@@ -93,6 +95,7 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
             raise VerispecError(f"--trace-rounds: cannot open {trace_rounds!r}: {err}") from None
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
+                       max_len=min(config.max_model_len, pair.target.config.max_context),
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
                        gamma_policy=policy)
 

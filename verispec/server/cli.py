@@ -50,6 +50,9 @@ def add_parser(commands) -> None:
                             "drafted, drafts accepted (to see why the server speculated or did not)")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help=f"requests decoded together (default {defaults.max_batch})")
+    serve.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
+                       help=f"prompt + output tokens per request, at most the model's context; the KV cache is "
+                            f"preallocated for --max-batch requests of this length (default {defaults.max_model_len})")
     serve.add_argument("--max-queue", type=int, default=defaults.max_queue,
                        help=f"requests that may wait for a batch row; more get HTTP 429 (default {defaults.max_queue})")
     serve.add_argument("--timeout", type=float, default=defaults.timeout_s,
@@ -67,6 +70,8 @@ def add_parser(commands) -> None:
 def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
     if args.max_batch < 1:
         raise VerispecError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_model_len < 16:
+        raise VerispecError(f"--max-model-len must be >= 16, got {args.max_model_len}")
     if args.max_queue < 0:
         raise VerispecError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.timeout > 0:
@@ -79,7 +84,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         spec = SpecConfig(method="none")
     else:
         spec = SpecConfig(method="chain", gamma=args.gamma, drafter="ngram" if args.method == "ngram" else "model")
-    return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout)
+    return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout,
+                              max_model_len=args.max_model_len)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -187,3 +187,18 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
     write_json(run_dir / "metrics.json", metrics)
     write_json(Path(out_dir) / "training_metrics.json", metrics)
     return metrics
+
+
+def export_hf_draft(draft, tokenizer, out_dir: str | Path) -> Path:
+    """A self-contained transformers checkpoint of a shared-embedding draft (``loading.load_shared_draft``):
+    the target's embedding written into it (float32, the GGUF file's exact dequantized values) and the
+    target's tokenizer beside it, so ``AutoModelForCausalLM.from_pretrained`` (e.g. as transformers'
+    ``assistant_model``) loads it as it is."""
+    out_dir = Path(out_dir)
+    config = replace(draft.config, model_type="llama")
+    with torch.inference_mode(False):
+        plain = LlamaForCausalLM(config)
+        plain.load_state_dict({name: tensor.detach().clone() for name, tensor in draft.state_dict().items()})
+    save_checkpoint(plain, out_dir, dtype=torch.float32)
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
