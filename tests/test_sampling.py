@@ -183,7 +183,8 @@ def test_rows_sum_to_one_for_every_filter():
 
 # --- SamplingParams validation -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=math.nan), dict(top_p=0.0),
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=math.nan), dict(temperature=math.inf),
+                                 dict(top_p=0.0),
                                  dict(top_p=1.01), dict(top_p=-0.5), dict(top_k=-1), dict(top_k=2.5),
                                  dict(min_p=-0.01), dict(min_p=1.5)])
 def test_sampling_params_reject_out_of_range_values(bad):
