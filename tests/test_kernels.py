@@ -1,5 +1,10 @@
-"""The few-row linear kernel: equal to torch's linear, row results independent of the batch, and the
-model wrapper's fallbacks (grad, large inputs, edited weights, disabled kernel)."""
+"""The few-row linear kernel: equal to torch's linear, row results independent of the batch, the
+model wrapper's fallbacks (grad, large inputs, edited weights, disabled kernel), and its guards: input
+widths checked, the load-time self-check per weight path, the build keyed by the compiler, status()
+naming the paths. GGUF block weights: test_kernels_gguf.py."""
+
+import os
+import shutil
 
 import pytest
 import torch
@@ -265,3 +270,70 @@ def test_a_checkpoint_loads_inside_inference_mode(checkpoints):
         inside = load_checkpoint(checkpoints["llama"])
         tokens = torch.tensor([[1, 2, 3, 4]])
         assert torch.equal(inside.forward(tokens, inside.new_cache(1, 16)), outside.forward(tokens, outside.new_cache(1, 16)))
+
+
+@pytest.mark.parametrize("width", [56, 72])
+def test_linear_refuses_an_input_of_another_width(width):
+    """Like F.linear, instead of reading or writing past the kernel's buffers: every format, both widths named."""
+    weight = torch.randn(16, 64)
+    blocks = kernels._random_blocks("Q8_0", 16, 64, torch.Generator().manual_seed(0))
+    for packed in (weight, weight.to(torch.bfloat16), kernels.quantize_int8(weight), blocks.view(torch.uint16)):
+        with pytest.raises(ValueError, match=f"the input has {width} features but the weight .* takes 64"):
+            kernels.linear(torch.randn(3, width), packed)
+    with pytest.raises(ValueError, match="bias must be 16"):
+        kernels.linear(torch.randn(3, 64), weight, torch.randn(15))
+    with pytest.raises(ValueError, match="fp32 CPU inputs"):
+        kernels.linear(torch.randn(3, 64, dtype=torch.float64), weight)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kernels.linear(torch.randn(3, 12), torch.randn(16, 12))
+
+
+def test_a_path_failing_the_self_check_is_not_used(monkeypatch):
+    """A weight path whose product disagrees with float64 at load is turned off, with why in status();
+    its weights are packed for another path. fp32 failing leaves the library off."""
+    real = kernels._product
+
+    def wrong_for(*dtypes):
+        return lambda lib, x, weight, bias, features: real(lib, x, weight, bias, features) + float(weight.dtype in dtypes)
+    kernels.library.cache_clear()
+    monkeypatch.setattr(kernels, "_product", wrong_for(torch.bfloat16, torch.int32))
+    try:
+        assert kernels.library() is not None
+        assert set(kernels._failed) == {"bf16", "Q4_1"}
+        assert "avx2: fp32, int8, Q8_0" in kernels.status()
+        assert "self-check turned off bf16 (off by up to 1" in kernels.status()
+        monkeypatch.setattr(kernels, "_product", real)
+        assert kernels._pack_weight(_weights(24, 64, True)).dtype == torch.float32
+        generator = torch.Generator().manual_seed(0)
+        for kind, dtype in (("Q4_1", torch.float32), ("Q8_0", torch.uint16)):
+            raw = kernels._random_blocks(kind, 8, 64, generator)
+            assert kernels._pack_weight(kernels.dequantize_blocks(kind, raw), (kind, raw)).dtype == dtype
+        kernels.library.cache_clear()
+        monkeypatch.setattr(kernels, "_product", wrong_for(torch.float32))
+        assert kernels.library() is None
+        assert kernels.status().startswith("off (self-check failed for fp32 weights (off by up to 1")
+    finally:
+        monkeypatch.undo()
+        kernels.library.cache_clear()
+    assert kernels.library() is not None and not kernels._failed
+
+
+def test_the_build_is_keyed_by_the_compiler_and_flags(tmp_path, monkeypatch):
+    """Another compiler (path or version) or other flags: another library file, never a stale build."""
+    wrapper = tmp_path / "cc"
+    wrapper.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "othercc 1.0"; exit 0; fi\nexec cc "$@"\n')
+    wrapper.chmod(0o755)
+    system = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    assert kernels.library_path(system) == kernels.library_path(system)
+    assert kernels.library_path(str(wrapper)) != kernels.library_path(system)
+    assert kernels._compiler_identity(str(wrapper)) == f"{wrapper}\nothercc 1.0"
+    before = kernels.library_path(system)
+    monkeypatch.setattr(kernels, "FLAGS", [*kernels.FLAGS, "-DVERISPEC_TEST"])
+    assert kernels.library_path(system) != before
+
+
+def test_status_names_the_instruction_set_paths():
+    text = kernels.status()
+    assert text.startswith("available (avx2: fp32, bf16, int8, Q4_1, Q8_0")
+    assert ("; amx-bf16" in text) == kernels.amx()
+    assert text.endswith(f"; AMX off: {kernels._amx_reason})") != kernels.amx()

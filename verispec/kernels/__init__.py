@@ -10,14 +10,23 @@ products are the same numbers at half the traffic).
     accelerate(model)      # every eligible nn.Linear of model uses the kernel for <= MAX_ROWS rows
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
-    status(model)          # "on (57 linear layers, 57 with bf16 weights, <= 16 rows; whole decoder
-                           #  layers <= 64 rows)" or why not
+    status(model)          # "on (57 linear layers, 57 with bf16 weights (...), <= 16 rows; whole decoder
+                           #  layers <= 64 rows; avx2: fp32, bf16, int8, Q4_1, Q8_0; AMX off: ...)" or why not
 
 The kernel sums every output in the same order whatever the number of rows, so a row's projection is
 bit-identical whether it is decoded alone or verified with others. It is compiled with the system C
-compiler into ``$VERISPEC_CACHE_DIR`` (default ``~/.cache/verispec``) keyed by the source's hash; where
-that fails (no compiler, no AVX2/FMA, not x86-64) or ``VERISPEC_KERNELS=0`` is set, every layer keeps
-torch's own path and ``status()`` says why. Training never uses it (it has no backward).
+compiler into ``$VERISPEC_CACHE_DIR`` (default ``~/.cache/verispec``) keyed by the source, the
+compiler's path and version and the flags (``library_path``); where that fails (no compiler, no
+AVX2/FMA/F16C, not x86-64) or ``VERISPEC_KERNELS=0`` is set, every layer keeps torch's own path and
+``status()`` says why. Training never uses it (it has no backward).
+
+Weight formats (``FORMATS``, told by the packed tensor's dtype): fp32, bf16 (exact for a bf16
+checkpoint), AMX tiles, int8 for drafts (``quantize``), and GGUF block rows, Q4_1 and Q8_0: a loader
+that sets ``module.gguf_blocks = (format name, uint8 (N, row bytes))`` on an nn.Linear whose fp32
+weight holds those rows' dequantized values, before ``accelerate``, gets the file's rows multiplied
+directly (``_pack_blocks``): exactly the dequantized values, at 4.5 or 8.5 bits a weight read.
+Self-check: loading runs one small product per weight path against float64 (``_self_check``); a path
+that disagrees is not packed for (fp32: the library stays off), and ``status()`` says so.
 
 AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the tile state per process)
 bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patterns, see
@@ -44,13 +53,14 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
 MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
 # (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (docs/experiments/amx_linear.py).
@@ -71,6 +81,35 @@ INT8_ROWS = 4
 
 _reason = "not built yet"
 _amx_reason = "not built yet"
+_failed: dict[str, str] = {}  # weight path (Format.name) -> why the load-time self-check turned it off
+
+
+class Format(NamedTuple):
+    """A packed weight's layout, told by its torch dtype: ``wtype`` is the C source's weight type,
+    ``name`` the weight path (as ``status`` and the self-check name it). A row of K inputs is stored as
+    ``extra`` columns then ``columns`` columns per ``inputs`` inputs; N % rows_multiple == 0 and
+    K % inputs_multiple == 0."""
+
+    wtype: int
+    name: str
+    columns: int
+    inputs: int
+    extra: int
+    rows_multiple: int
+    inputs_multiple: int
+
+
+FORMATS = {
+    torch.float32: Format(0, "fp32", 1, 1, 0, 1, 8),
+    torch.bfloat16: Format(1, "bf16", 1, 1, 0, 1, 8),
+    torch.int16: Format(2, "amx-bf16", 1, 1, 0, 16, 32),  # bf16 bit patterns, tiled
+    torch.int8: Format(3, "int8", 1, 1, 4, 1, 8),  # a row: its fp32 scale, then K values
+    torch.uint8: Format(4, "amx-int8", 1, 1, 4, 16, 64),  # tiled, see quantize_int8
+    torch.int32: Format(5, "Q4_1", 5, 32, 0, 1, 32),  # a GGUF row's bytes, 20 a block of 32 weights
+    torch.uint16: Format(6, "Q8_0", 17, 32, 0, 1, 32),  # a GGUF row's bytes, 34 a block of 32 weights
+}
+WEIGHT_TYPES = {dtype: form.wtype for dtype, form in FORMATS.items()}  # C's wtype
+BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.inputs == 32}  # "Q4_1" -> int32
 
 
 def cache_dir() -> Path:
@@ -87,23 +126,39 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _compiler_identity(compiler: str) -> str:
+    """The compiler's resolved path and the first line of its ``--version``."""
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return f"{os.path.realpath(shutil.which(compiler) or compiler)}\n{(version.splitlines() or ['?'])[0]}"
+
+
+def library_path(compiler: str) -> Path:
+    """Where ``library()`` keeps the build by ``compiler``: keyed by the source, the compiler's identity
+    (``_compiler_identity``) and FLAGS, so a changed compiler, CC or flag builds afresh instead of
+    loading another build."""
+    identity = "\n".join([_compiler_identity(compiler), *FLAGS]).encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + b"\n" + identity).hexdigest()[:16]
+    return cache_dir() / f"small_m_linear-{key}.so"
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, or None (``status()`` says why)."""
+    """The loaded kernel library, or None (``status()`` says why). Loading runs ``_self_check``."""
     global _reason
     if os.environ.get("VERISPEC_KERNELS", "1") == "0":
         _reason = "disabled by VERISPEC_KERNELS=0"
         return None
-    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= _cpu_flags():
-        _reason = "needs an x86-64 CPU with AVX2 and FMA"
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma", "f16c"} <= _cpu_flags():
+        _reason = "needs an x86-64 CPU with AVX2, FMA and F16C"
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         _reason = "no C compiler (set CC or install gcc)"
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / f"small_m_linear-{key}.so"
+    target = library_path(compiler)
     if not target.exists():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -125,14 +180,9 @@ def library() -> ctypes.CDLL | None:
     except OSError as error:
         _reason = f"load failed ({error})"
         return None
-    for name in ("linear_f32", "linear_bf16", "linear_i8"):
-        function = getattr(lib, name)
-        function.restype = None
-        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    for name in ("linear_amx", "linear_amx_i8"):
-        function = getattr(lib, name)
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.small_m_linear.restype = ctypes.c_int
+    lib.small_m_linear.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 2
+                                   + [ctypes.c_long] * 3 + [ctypes.c_int])
     lib.pack_amx_i8.restype = None
     lib.pack_amx_i8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2
     lib.pack_amx.restype = None
@@ -155,7 +205,6 @@ def library() -> ctypes.CDLL | None:
     lib.decoder_layers.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
                                    + [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
                                    + [ctypes.c_long] * 2 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
-    _reason = ""
     global _amx_reason
     if os.environ.get("VERISPEC_AMX", "1") == "0":
         _amx_reason = "disabled by VERISPEC_AMX=0"
@@ -165,7 +214,55 @@ def library() -> ctypes.CDLL | None:
         _amx_reason = "AMX not built (compiler) or not granted by the OS"
     else:
         _amx_reason = ""
+    _self_check(lib)
+    if "fp32" in _failed:  # every other path falls back to fp32 weights: nothing left to run
+        _reason = f"self-check failed for fp32 weights ({_failed['fp32']})"
+        return None
+    if "amx-bf16" in _failed:
+        _amx_reason = f"self-check failed ({_failed['amx-bf16']})"
+    _reason = ""
     return lib
+
+
+def _self_check(lib: ctypes.CDLL) -> None:
+    """One small product (7 rows, 64 inputs, with a bias) per weight path this CPU runs, against
+    float64: a path that disagrees (a miscompiled or mis-executed build) is recorded in ``_failed`` and
+    its weights are then packed for another path (``_pack_weight``, ``quantize_int8``; fp32 failing
+    turns the library off). The inputs are integers with a maximum of 127 per row, which AMX-INT8
+    quantizes exactly, so every path's product is fp32-accurate."""
+    _failed.clear()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(-127, 128, (7, 64), generator=generator).float()
+    x[:, 0] = 127.0
+    bias = torch.randn(18, generator=generator)
+    for name, (packed, values) in _check_weights(lib, generator).items():
+        values, rows_bias = values.double(), bias[:packed.shape[0]]
+        try:
+            got = _product(lib, x, packed, rows_bias, 64).double()
+        except MemoryError as error:
+            _failed[name] = str(error)
+            continue
+        want = x.double() @ values.T + rows_bias.double()
+        error = (got - want).abs()
+        if not bool((error <= 1e-5 * (x.double().abs() @ values.abs().T + rows_bias.double().abs())).all()):
+            _failed[name] = f"off by up to {float(error.max()):.3g} against float64"
+
+
+def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Weight path -> (packed 18 x 64 weight, or 16 x 64 for AMX tiles; its values) for ``_self_check``."""
+    exact = torch.randn(18, 64, generator=generator).to(torch.bfloat16)
+    values, scale = _int8_values(torch.randn(18, 64, generator=generator))
+    fp32 = torch.randn(18, 64, generator=generator)
+    weights = {"fp32": (fp32, fp32), "bf16": (exact, exact.float()),
+               "int8": (_int8_rows(values, scale), values.double() * scale.double())}
+    for kind, dtype in BLOCK_FORMATS.items():
+        raw = _random_blocks(kind, 18, 64, generator)
+        weights[kind] = (raw.view(dtype), dequantize_blocks(kind, raw))
+    if not _amx_reason:
+        weights["amx-bf16"] = (_tiles(lib, exact[:16]), exact[:16].float())
+        if "amx_int8" in _cpu_flags():
+            weights["amx-int8"] = (_int8_tiles(lib, values[:16], scale[:16]), weights["int8"][1][:16])
+    return weights
 
 
 def max_fused() -> int:
@@ -174,38 +271,70 @@ def max_fused() -> int:
 
 
 def amx_int8() -> bool:
-    """Whether int8 (draft) weights are multiplied with AMX-INT8 tiles: ``amx()`` and the CPU has AMX-INT8."""
-    return amx() and "amx_int8" in _cpu_flags()
+    """Whether int8 (draft) weights are multiplied with AMX-INT8 tiles: ``amx()``, the CPU has AMX-INT8
+    and its self-check passed."""
+    return amx() and "amx_int8" in _cpu_flags() and "amx-int8" not in _failed
 
 
 def amx() -> bool:
     """Whether bf16 weights are multiplied with AMX tiles (``library()`` loaded, the CPU has AMX-BF16, the
-    OS granted it, and VERISPEC_AMX is not 0). Read when weights are packed."""
+    OS granted it, the self-check passed and VERISPEC_AMX is not 0). Read when weights are packed."""
     return library() is not None and not _amx_reason
 
 
+def packed_inputs(weight: torch.Tensor) -> int:
+    """K of a packed weight (N, ...) of a FORMATS dtype; ValueError where its shape is not one the
+    format can have."""
+    form = FORMATS.get(weight.dtype)
+    if form is None or weight.dim() != 2:
+        raise ValueError(f"not a packed weight for the kernel: {weight.dtype} of shape {tuple(weight.shape)}")
+    body = weight.shape[1] - form.extra
+    size = body // form.columns * form.inputs
+    if body % form.columns or size % form.inputs_multiple or weight.shape[0] % form.rows_multiple or size <= 0:
+        raise ValueError(f"a {form.name} weight of {tuple(weight.shape)} {weight.dtype} values does not hold whole "
+                         f"rows of a multiple of {form.inputs_multiple} inputs")
+    return size
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., K) fp32 @ weight (N, K)^T (+ bias) with the kernel; weight fp32, bf16 (K % 8 == 0), or
-    AMX-tiled bf16 from ``_pack_weight`` (int16). Call only when ``library()`` is not None."""
-    lib = library()
-    x = x.contiguous()
-    out_features, in_features = weight.shape
-    if weight.dtype in (torch.int8, torch.uint8):  # quantize_int8's: 4 bytes of scale per row
-        in_features -= 4
-    rows = x.numel() // in_features
+    """x (..., K) fp32 @ weight (N, K)^T (+ bias) with the kernel; weight packed in one of FORMATS (fp32
+    or bf16 with K % 8 == 0, AMX tiles from ``_pack_weight``, int8 from ``quantize_int8``, GGUF blocks
+    from ``_pack_weight``). Checks what the kernel would otherwise read or write out of bounds (the
+    input's width, dtype and device, the bias's size) and raises ValueError, as F.linear raises on a
+    width that does not match. Call only when ``library()`` is not None."""
+    features = packed_inputs(weight)
+    if x.shape[-1] != features:
+        raise ValueError(f"the input has {x.shape[-1]} features but the weight ({weight.shape[0]} outputs) "
+                         f"takes {features}")
+    if x.dtype != torch.float32 or x.is_cuda or not weight.is_contiguous():
+        layout = "contiguous" if weight.is_contiguous() else "strided"
+        raise ValueError(f"the kernel takes fp32 CPU inputs and a contiguous weight, not {x.dtype} inputs on "
+                         f"{x.device} and a {layout} weight")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != torch.float32
+                             or not bias.is_contiguous()):
+        raise ValueError(f"the bias must be {weight.shape[0]} contiguous fp32 values, not {tuple(bias.shape)} "
+                         f"{bias.dtype}")
+    return _product(library(), x.contiguous(), weight, bias, features)
+
+
+def _product(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             features: int) -> torch.Tensor:
+    """``linear`` without its checks: x contiguous fp32 (..., features)."""
+    out_features = weight.shape[0]
     out = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
-    function = {torch.bfloat16: lib.linear_bf16, torch.int16: lib.linear_amx, torch.int8: lib.linear_i8,
-                torch.uint8: lib.linear_amx_i8}.get(weight.dtype, lib.linear_f32)
-    failed = function(x.data_ptr(), weight.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr(),
-                      rows, in_features, out_features, torch.get_num_threads())
-    if weight.dtype in (torch.int16, torch.uint8) and failed:
-        raise MemoryError(f"the AMX kernel could not allocate scratch memory for {rows} rows")
+    failed = lib.small_m_linear(x.data_ptr(), weight.data_ptr(), WEIGHT_TYPES[weight.dtype], out.data_ptr(),
+                                _pointer(bias), x.numel() // features, features, out_features, torch.get_num_threads())
+    if failed:
+        raise MemoryError(f"the AMX kernel could not allocate scratch memory for {x.numel() // features} rows")
     return out
 
 
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
-    tiles (int16-held bf16, uint8-held int8), MAX_ROWS for the AVX2 loop, INT8_ROWS for its int8 rows."""
+    tiles (int16-held bf16, uint8-held int8), INT8_ROWS for the AVX2 loop's int8 rows, MAX_ROWS for its
+    other formats. GGUF blocks too: their dequantization is redone per chunk of 6 rows, and on the
+    Zen 3 torch's GEMM of the fp32 weight took 0.7x the kernel's time at 32 and 64 rows for 576 x 1536
+    and 1536 x 576 layers in cache (only a 49152 x 576 head still won at 32 rows)."""
     if packed.dtype == torch.int8:
         return INT8_ROWS
     return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else MAX_ROWS
@@ -236,49 +365,126 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     return out
 
 
-def _pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """bf16 when that loses nothing (a bf16 checkpoint upcast to fp32), else the fp32 weight. With AMX
-    (``amx()``) and N % 16 == 0, K % 32 == 0, such bf16 weights are stored tiled for the tile multiply
-    (``pack_amx`` in the C source), as int16 bit patterns of the same (N, K) shape: no torch op reads
-    them as a matrix by mistake, and row blocks of 16 still cut and join like rows."""
+def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The weight as the kernel reads it. With ``blocks`` (a layer's ``gguf_blocks``, see
+    ``_pack_blocks``) that hold exactly ``weight``: those GGUF rows. Else bf16 when that loses nothing (a
+    bf16 checkpoint upcast to fp32), else the fp32 weight. With AMX (``amx()``) and N % 16 == 0, K % 32
+    == 0, such bf16 weights are stored tiled for the tile multiply (``pack_amx`` in the C source), as
+    int16 bit patterns of the same (N, K) shape: no torch op reads them as a matrix by mistake, and row
+    blocks of 16 still cut and join like rows. A path the self-check turned off is not packed for."""
     weight = weight.detach()
+    packed = None if blocks is None else _pack_blocks(weight, *blocks)
+    if packed is not None:
+        return packed
     as_bf16 = weight.to(torch.bfloat16)
     if not torch.equal(as_bf16.to(torch.float32), weight):
         return weight.contiguous()
     as_bf16 = as_bf16.contiguous()
     out_features, in_features = weight.shape
     if amx() and out_features % 16 == 0 and in_features % 32 == 0:
-        tiled = torch.empty(out_features, in_features, dtype=torch.int16)
-        library().pack_amx(as_bf16.data_ptr(), tiled.data_ptr(), out_features, in_features)
-        return tiled
-    return as_bf16
+        return _tiles(library(), as_bf16)
+    return weight.contiguous() if "bf16" in _failed else as_bf16
 
 
-def quantize_int8(weight: torch.Tensor) -> torch.Tensor:
+def _tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """bf16 (N, K) contiguous -> the AMX tile order (``pack_amx``), as int16 (N, K)."""
+    tiled = torch.empty(weight.shape, dtype=torch.int16)
+    lib.pack_amx(weight.data_ptr(), tiled.data_ptr(), *weight.shape)
+    return tiled
+
+
+def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
+    """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
+    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
+    that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
+    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). None, so the caller
+    packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
+    to exactly ``weight`` (a loader's row order mistake, or a weight edited in place, would otherwise
+    make the kernel compute something else than torch's path)."""
+    dtype = BLOCK_FORMATS.get(kind)
+    out_features, in_features = weight.shape
+    if dtype is None or kind in _failed or in_features % 32 or raw.dtype != torch.uint8 or raw.is_cuda \
+            or weight.dtype != torch.float32 \
+            or tuple(raw.shape) != (out_features, in_features // 32 * block_bytes(kind)):
+        return None
+    raw = raw.detach().contiguous()
+    if raw.storage_offset() % dtype.itemsize:
+        raw = raw.clone()
+    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
+        if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
+            return None
+    return raw.view(dtype)
+
+
+def block_bytes(kind: str) -> int:
+    """Bytes of one block of 32 weights in the GGUF format ``kind`` (one of BLOCK_FORMATS): 20 or 34."""
+    dtype = BLOCK_FORMATS[kind]
+    return FORMATS[dtype].columns * dtype.itemsize
+
+
+def dequantize_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """GGUF rows ``raw`` (uint8 (N, row bytes), ``kind`` "Q4_1" or "Q8_0") -> float32 (N, K), the values
+    gguf-py's ``gguf.quants.dequantize`` gives (d * q + m, d * q in float32; d * q is exact)."""
+    blocks = raw.reshape(raw.shape[0], -1, block_bytes(kind))
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    if kind == "Q8_0":
+        return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(raw.shape[0], -1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    qs = blocks[..., 4:]
+    return (d * torch.cat([qs & 15, qs >> 4], dim=-1).float() + m).reshape(raw.shape[0], -1)
+
+
+def _random_blocks(kind: str, out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    """Random GGUF rows (uint8 (N, row bytes)) with finite scales, for the self-check."""
+    raw = torch.randint(0, 256, (out_features, in_features // 32, block_bytes(kind)), dtype=torch.uint8,
+                        generator=generator)
+    headers = 1 if kind == "Q8_0" else 2  # d, or d and m
+    scales = (torch.rand(out_features, in_features // 32, headers, generator=generator) - 0.25) * 0.1
+    raw[..., :2 * headers] = scales.half().view(torch.uint8)
+    return raw.reshape(out_features, -1)
+
+
+def quantize_int8(weight: torch.Tensor) -> torch.Tensor | None:
     """(N, K) float -> (N, K + 4) bytes for ``linear``: per output row, an fp32 scale (max |w| / 127) and
     the K values rounded to multiples of it. With AMX-INT8 (``amx_int8()``) and N % 16 == 0, K % 64 == 0:
     uint8, tiled by ``pack_amx_i8`` (the C source; input rows are then quantised too, per row); else
-    int8 rows, each its scale's 4 bytes then its values (the AVX2 loop, for up to INT8_ROWS rows). For
-    draft models only: what a draft proposes decides acceptance, never the committed distribution."""
-    weight = weight.detach().float()
+    int8 rows, each its scale's 4 bytes then its values (the AVX2 loop, for up to INT8_ROWS rows), or
+    None where the self-check turned int8 rows off. For draft models only: what a draft proposes
+    decides acceptance, never the committed distribution."""
+    values, scale = _int8_values(weight)
     out_features, in_features = weight.shape
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
-    values = torch.round(weight / scale).clamp(-127, 127).to(torch.int8).contiguous()
     if amx_int8() and out_features % 16 == 0 and in_features % 64 == 0:
-        tiled = torch.empty(out_features, in_features + 4, dtype=torch.uint8)
-        scales = scale.reshape(-1).contiguous()
-        library().pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), out_features, in_features)
-        return tiled
-    out = torch.empty(out_features, in_features + 4, dtype=torch.int8)
+        return _int8_tiles(library(), values, scale)
+    return None if "int8" in _failed else _int8_rows(values, scale)
+
+
+def _int8_values(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_int8``'s values (int8 (N, K)) and scales (fp32 (N, 1))."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+    return torch.round(weight / scale).clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def _int8_rows(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(values.shape[0], values.shape[1] + 4, dtype=torch.int8)
     out[:, :4] = scale.view(torch.int8).reshape(-1, 4)
     out[:, 4:] = values
     return out
 
 
+def _int8_tiles(lib: ctypes.CDLL, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    tiled = torch.empty(values.shape[0], values.shape[1] + 4, dtype=torch.uint8)
+    scales = scale.reshape(-1).contiguous()
+    lib.pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), *values.shape)
+    return tiled
+
+
 class SmallRowsLinear(nn.Linear):
     """An nn.Linear (same parameters and state dict) whose few-row inference calls use the kernel.
-    Made by ``accelerate``, which sets ``packed``: the weight as bf16 when that is exact, else fp32.
-    ``quantize`` adds ``quantized`` (``quantize_int8``), used for the passes its format takes (``rows_for``)."""
+    Made by ``accelerate``, which sets ``packed`` (``_pack_weight``): the layer's GGUF rows when a loader
+    gave it ``gguf_blocks`` = (format name, uint8 (N, row bytes)) that hold exactly its weight, else the
+    weight as bf16 when that is exact, else fp32. ``quantize`` adds ``quantized`` (``quantize_int8``),
+    used for the passes its format takes (``rows_for``)."""
 
     packed: torch.Tensor
     packed_version: int
@@ -293,7 +499,8 @@ class SmallRowsLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _pack(self) -> None:
-        self.packed, self.packed_version, self.group = _pack_weight(self.weight), self.weight._version, None
+        self.packed = _pack_weight(self.weight, getattr(self, "gguf_blocks", None))
+        self.packed_version, self.group = self.weight._version, None
         if self.quantized is not None:
             self.quantized = quantize_int8(self.weight)
 
@@ -385,14 +592,16 @@ def accelerate(model: nn.Module) -> int:
 
 def quantize(model: nn.Module) -> int:
     """Give every kernel linear layer of ``model`` (see ``accelerate``) int8 rows (``quantize_int8``),
-    used for passes of up to INT8_ROWS rows, and regroup; returns how many layers. For draft models
-    only: a draft's weights decide what it proposes and so the acceptance, never the committed
+    used for passes of up to INT8_ROWS rows, and regroup; returns how many layers got them. Layers on
+    GGUF blocks keep them (already 4.5 or 8.5 bits a weight, and the file's own values). For draft
+    models only: a draft's weights decide what it proposes and so the acceptance, never the committed
     distribution, which the target alone defines. At one row a pass is bound by reading the weights:
     int8 rows are half of bf16's bytes."""
     layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
     with torch.no_grad():
         for layer in layers:
-            layer.quantized = quantize_int8(layer.weight)
+            on_blocks = layer.packed.dtype in BLOCK_FORMATS.values()
+            layer.quantized = None if on_blocks else quantize_int8(layer.weight)
             layer.group = None
         for module in model.modules():
             module.__dict__.pop("_fused_weights", None)
@@ -400,7 +609,7 @@ def quantize(model: nn.Module) -> int:
                 members = tuple(getattr(module, name, None) for name in names)
                 if Group.compatible(members):
                     Group(members)
-    return len(layers)
+    return sum(layer.quantized is not None for layer in layers)
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -434,9 +643,9 @@ class LayerWeights:
     def _pointers(self, weights: tuple[torch.Tensor, ...]) -> tuple:
         qkv, o, gate_up, down = weights
         norms = (self.layer.input_layernorm, self.layer.post_attention_layernorm)
-        flags = 0  # 4 bits per weight: 0 fp32, 1 bf16, 2 AMX-tiled bf16, 3 int8 rows, 4 AMX-tiled int8
+        flags = 0  # 4 bits per weight, its C weight type (WEIGHT_TYPES)
         for index, packed in enumerate(weights):
-            flags |= {torch.bfloat16: 1, torch.int16: 2, torch.int8: 3, torch.uint8: 4}.get(packed.dtype, 0) << (4 * index)
+            flags |= WEIGHT_TYPES[packed.dtype] << (4 * index)
         return (_pointer(norms[0].weight), qkv.data_ptr(), _pointer(self.qkv.bias), o.data_ptr(),
                 _pointer(self.o.bias), _pointer(norms[1].weight), gate_up.data_ptr(), _pointer(self.gate_up.bias),
                 down.data_ptr(), _pointer(self.down.bias), flags)
@@ -571,9 +780,6 @@ def _cache_fits(cache) -> bool:
     return fits
 
 
-WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int16: 2, torch.int8: 3, torch.uint8: 4}  # C's wtype
-
-
 def head_weight(head: nn.Module, rows: int) -> torch.Tensor | None:
     """The weight ``head`` (an LM head) multiplies ``rows`` rows with in its own forward, for
     ``model_pass``: its int8 or packed weight; None where its forward would repack first, add a bias
@@ -698,23 +904,44 @@ def decoder_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin
 
 
 def status(model: nn.Module | None = None) -> str:
-    """One line: whether the kernel is in use (for ``model``: how many layers, bf16 or fp32 weights)."""
+    """One line: whether the kernel is in use (for ``model``: how many layers on which weights, and
+    how many rows take it) and its paths on this CPU (``paths``)."""
     if library() is None:
         return f"off ({_reason})"
     if model is None:
-        return "available"
+        return f"available ({paths()})"
     layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
     if not layers:
-        return "available, not applied to this model"
+        return f"available, not applied to this model ({paths()})"
     bf16 = sum(m.packed.dtype in (torch.bfloat16, torch.int16) for m in layers)
     tiled = sum(m.packed.dtype == torch.int16 for m in layers)
     fused = f"whole decoder layers <= {max_fused()} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
-    tiles = f"{tiled} on AMX tiles" if tiled else f"AMX off: {_amx_reason}" if _amx_reason else "none on AMX tiles"
-    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
+    tiles = f"{tiled} on AMX tiles" if tiled else "none on AMX tiles"  # why not: in paths()
     quantized = [m.quantized for m in layers if m.quantized is not None]
     int8 = ""
     if quantized:
         on_tiles = sum(q.dtype == torch.uint8 for q in quantized)
         where = f"{on_tiles} on AMX-INT8 tiles" if on_tiles else f"int8 rows for <= {INT8_ROWS} rows"
         int8 = f", {len(quantized)} with int8 weights ({where})"
-    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}){int8}, {rows}; {fused})"
+    blocks = ""
+    for kind, dtype in BLOCK_FORMATS.items():
+        count = sum(m.packed.dtype == dtype for m in layers)
+        blocks += f", {count} on {kind} blocks" if count else ""
+    unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in BLOCK_FORMATS.values()
+                 for m in layers)
+    if unused:
+        blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
+    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
+    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}){int8}{blocks}, {rows}; {fused}; {paths()})"
+
+
+def paths() -> str:
+    """The instruction-set paths the kernel multiplies with on this CPU and the weight formats each
+    takes, e.g. "avx2: fp32, bf16, int8, Q4_1, Q8_0; AMX off: no AMX-BF16 on this CPU", and any path
+    the load-time self-check turned off, with why. Call when ``library()`` is not None."""
+    avx2 = [form.name for form in FORMATS.values() if form.rows_multiple == 1 and form.name not in _failed]
+    text = f"avx2: {', '.join(avx2)}"
+    text += f"; amx-bf16{', amx-int8' if amx_int8() else ''}" if amx() else f"; AMX off: {_amx_reason}"
+    if _failed:
+        text += "; self-check turned off " + ", ".join(f"{name} ({why})" for name, why in _failed.items())
+    return text

@@ -3,9 +3,10 @@
  * MKL's GEMM handles M = 1..16 poorly on AVX2 (an 8-row product costs ~2x a 1-row one although the
  * weights, the dominant memory traffic, are the same). Here every weight is read from memory once per
  * call and used for all M rows while it sits in L1, and weights may be bf16 (bf16 -> fp32 is exact: a
- * bf16 value is the high half of a float), halving the traffic of a bf16 checkpoint.
+ * bf16 value is the high half of a float), halving the traffic of a bf16 checkpoint, or a GGUF file's
+ * Q4_1 / Q8_0 blocks, multiplied by exactly their dequantized values (see load_w_q4_1).
  *
- * Shape letters: M input rows, K input features (multiple of 8), N output features.
+ * Shape letters: M input rows, K input features (multiple of 8; of 32 for blocks), N output features.
  * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident) and, inside, chunks of at
  * most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
  * strided subset of k), reduced horizontally once at the end; NB, MB and KU are compile-time constants
@@ -52,35 +53,95 @@ INLINE __m256 load_w_i8(const void *base, long index) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + index))));
 }
 
+/* GGUF block weights (llama.cpp's formats, a GGUF file's rows as stored): each row is K / 32 blocks of
+ * 32 weights.
+ *   Q4_1 (wt 5), 20 bytes a block: fp16 d, fp16 m, 16 bytes qs; weight j (0..15) is the low nibble of
+ *        qs[j], weight j + 16 its high nibble; value d * q + m.
+ *   Q8_0 (wt 6), 34 bytes a block: fp16 d, 32 int8 q; value d * q.
+ * The values are exactly gguf-py's dequantized float32 ones (``d.astype(f32) * q + m``): d * q is exact
+ * in fp32 (11 x 8 significant bits at most), so one fused multiply-add rounds d * q + m once, as its
+ * separate add does. The kernel multiplies x by those values; at 4.5 / 8.5 bits a weight a one-row
+ * pass reads a quarter (Q4_1) or half (Q8_0) of bf16's bytes. Lanes g of a block: weights 8g .. 8g + 7. */
+INLINE __m256 load_w_q4_1(const char *block, int g) {
+    int32_t header;
+    memcpy(&header, block, 4);
+    const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(header));  /* d, m, d, m, ... */
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(block + 4 + 8 * (g & 1))));
+    if (g >= 2) q = _mm256_srli_epi32(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi32(15));
+    return _mm256_fmadd_ps(_mm256_permute_ps(dm, 0x00), _mm256_cvtepi32_ps(q), _mm256_permute_ps(dm, 0x55));
+}
+
+INLINE __m256 load_w_q8_0(const char *block, int g) {
+    int16_t d;
+    memcpy(&d, block, 2);
+    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 2 + 8 * g)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(d)), _mm256_cvtepi32_ps(q));
+}
+
+/* Bytes of one weight row of K inputs (int8 rows: with their scale). */
+INLINE long row_bytes(int wt, long K) {
+    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : K / 32 * 34;
+}
+
+/* acc[a][b] += w lanes of row a * x lanes k .. k + 7 of input row b. */
+INLINE void accumulate(__m256 acc[4][6], const __m256 wv[4], const float *xb, long K, long k, const int MB,
+                       const int NB) {
+    for (int b = 0; b < MB; b++) {
+        __m256 xv = _mm256_loadu_ps(xb + b * K + k);
+        for (int a = 0; a < NB; a++) acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
+    }
+}
+
 /* Weight rows n0 .. n0 + NB - 1 (rows >= N are computed from row N - 1 and not stored) against input
- * rows m0 .. m0 + MB - 1. wt: 0 fp32, 1 bf16, 3 int8 rows with their scale (see load_w_i8). */
+ * rows m0 .. m0 + MB - 1. wt: 0 fp32, 1 bf16, 3 int8 rows with their scale (see load_w_i8), 5 Q4_1 and
+ * 6 Q8_0 blocks (see load_w_q4_1). Block weights are dequantized 8 lanes at a time, once for all MB rows. */
 INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
     __m256 acc[4][6];
-    long rows[4];
-    const long stride = wt == 3 ? K + 4 : K, first = wt == 3 ? 4 : 0;  /* in weight elements */
+    const char *rows[4];
+    const long stride = row_bytes(wt, K), ahead = PREFETCH_ROWS * stride;
     for (int a = 0; a < NB; a++) {
-        rows[a] = (n0 + a < N ? n0 + a : N - 1) * stride + first;
+        rows[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     }
     const float *xb = x + m0 * K;
-    const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
-    for (long k = 0; k < K; k += 8) {
-        if (((k * esize) & 63) == 0)  /* once per cache line: the same line of rows PREFETCH_ROWS ahead */
+    __m256 wv[4];
+    if (wt == 5 || wt == 6) {
+        const long size = wt == 5 ? 20 : 34;  /* bytes a block */
+        for (long k = 0; k < K; k += 32) {
+            const long at = k / 32 * size;
+            /* The NB rows' blocks dequantized first, then multiplied: interleaving the two kept too many
+             * registers live (spills; 1.3x the time at one row, 576 x 1536 Q4_1 on the Zen 3). */
+            __m256 dequantized[4][4];
+            for (int a = 0; a < NB; a++) {
+                /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a
+                 * block spans at most two lines, and the line of its first byte holds its predecessor's
+                 * last byte). Unconditional: a check for a new line cost as much as the repeats. */
+                _mm_prefetch(rows[a] + ahead + at + size - 1, _MM_HINT_T0);
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++)
+                    dequantized[a][g] = wt == 5 ? load_w_q4_1(rows[a] + at, g) : load_w_q8_0(rows[a] + at, g);
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                for (int a = 0; a < NB; a++) wv[a] = dequantized[a][g];
+                accumulate(acc, wv, xb, K, k + 8 * g, MB, NB);
+            }
+        }
+    } else {
+        const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
+        for (long k = 0; k < K; k += 8) {
+            if (((k * esize) & 63) == 0)  /* once per cache line: the same line of rows PREFETCH_ROWS ahead */
+                for (int a = 0; a < NB; a++) _mm_prefetch(rows[a] + ahead + k * esize, _MM_HINT_T0);
             for (int a = 0; a < NB; a++)
-                _mm_prefetch((const char *)w + (rows[a] + PREFETCH_ROWS * stride + k) * esize, _MM_HINT_T0);
-        __m256 wv[4];
-        for (int a = 0; a < NB; a++)
-            wv[a] = wt == 1 ? load_w_bf16(w, rows[a] + k) : wt == 3 ? load_w_i8(w, rows[a] + k)
-                                                                     : load_w_f32(w, rows[a] + k);
-        for (int b = 0; b < MB; b++) {
-            __m256 xv = _mm256_loadu_ps(xb + b * K + k);
-            for (int a = 0; a < NB; a++) acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
+                wv[a] = wt == 1 ? load_w_bf16(rows[a], k) : wt == 3 ? load_w_i8(rows[a], k) : load_w_f32(rows[a], k);
+            accumulate(acc, wv, xb, K, k, MB, NB);
         }
     }
     float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
     if (wt == 3)
-        for (int a = 0; a < NB; a++) memcpy(&scale[a], (const int8_t *)w + rows[a] - 4, 4);
+        for (int a = 0; a < NB; a++) memcpy(&scale[a], rows[a] - 4, 4);
     for (int b = 0; b < MB; b++) {
         float *out = y + (m0 + b) * N;
         for (int a = 0; a < NB; a++)
@@ -117,7 +178,8 @@ INLINE void weight_block(const float *x, const void *w, int wt, float *y, const 
 }
 
 /* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below), 3 int8 rows with
- * their scale, 4 int8 tiled for AMX (run_amx_i8). 1 when scratch memory could not be allocated (AMX only). */
+ * their scale, 4 int8 tiled for AMX (run_amx_i8), 5 Q4_1 and 6 Q8_0 GGUF block rows (K % 32 == 0).
+ * 1 when scratch memory could not be allocated (AMX only). */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads);
 
@@ -131,40 +193,25 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
     long blocks = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long i = 0; i < blocks; i++) {
-        if (wtype == 1) weight_block(x, w, 1, y, bias, M, K, N, 4 * i);
-        else if (wtype == 3) weight_block(x, w, 3, y, bias, M, K, N, 4 * i);
-        else weight_block(x, w, 0, y, bias, M, K, N, 4 * i);
+        switch (wtype) {  /* each type its own inlined copy: wt is a constant in block() */
+        case 1: weight_block(x, w, 1, y, bias, M, K, N, 4 * i); break;
+        case 3: weight_block(x, w, 3, y, bias, M, K, N, 4 * i); break;
+        case 5: weight_block(x, w, 5, y, bias, M, K, N, 4 * i); break;
+        case 6: weight_block(x, w, 6, y, bias, M, K, N, 4 * i); break;
+        default: weight_block(x, w, 0, y, bias, M, K, N, 4 * i); break;
+        }
     }
     return 0;
 }
 
-void linear_f32(const float *x, const float *w, float *y, const float *bias, long M, long K, long N,
-                int threads) {
-    run(x, w, 0, y, bias, M, K, N, threads);
+/* y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for w of weight type wtype (see run); the layouts: fp32 and bf16
+ * row-major, int8 rows from quantize_int8 (see load_w_i8), GGUF blocks (see load_w_q4_1), AMX tiles from
+ * pack_amx and pack_amx_i8. 1 when scratch memory could not be allocated (AMX), else 0. */
+int small_m_linear(const float *x, const void *w, int wtype, float *y, const float *bias, long M, long K, long N,
+                   int threads) {
+    return run(x, w, wtype, y, bias, M, K, N, threads);
 }
 
-void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
-                 int threads) {
-    run(x, w, 1, y, bias, M, K, N, threads);
-}
-
-/* w from quantize_int8: (N, K + 4) bytes, each row its fp32 scale then K int8 values. */
-void linear_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
-               int threads) {
-    run(x, w, 3, y, bias, M, K, N, threads);
-}
-
-/* w from pack_amx_i8; 1 when scratch memory could not be allocated. */
-int linear_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
-                  int threads) {
-    return run(x, w, 4, y, bias, M, K, N, threads);
-}
-
-/* w tiled by pack_amx; 1 when scratch memory could not be allocated. */
-int linear_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
-               int threads) {
-    return run(x, w, 2, y, bias, M, K, N, threads);
-}
 /* ---- AMX (Intel Advanced Matrix Extensions) path for bf16 weights ----------------------------------
  *
  * On CPUs with AMX-BF16 a tile multiply takes 16 rows x 32 bf16 of x against 32 x 16 of weights in

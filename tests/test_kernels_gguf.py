@@ -1,0 +1,169 @@
+"""GGUF block weights (Q4_1, Q8_0) in the few-row kernel: products by exactly the values gguf-py's
+dequantizer gives, row results independent of the other rows, the fallbacks where blocks do not hold
+a layer's weight, and a model on block weights giving torch's logits through the per-op, fused and
+one-call paths."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec import kernels
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+pytestmark = pytest.mark.skipif(kernels.library() is None,
+                                reason=f"kernel unavailable here: {kernels.status()}")
+
+KINDS = ("Q4_1", "Q8_0")
+
+
+def _blocks(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 GGUF rows of ``weight`` quantized by gguf-py, their values by gguf-py's dequantizer)."""
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    raw = quantize(weight.detach().numpy().astype(np.float32), qtype)
+    values = dequantize(raw, qtype).reshape(weight.shape)
+    return torch.from_numpy(np.ascontiguousarray(raw)).view(torch.uint8), torch.from_numpy(values.copy())
+
+
+def _packed(kind, out_features=38, in_features=96, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator) * torch.logspace(-2, 1, in_features)
+    weight[1] = 0.0  # a block of zeros: d = 0
+    raw, values = _blocks(weight, kind)
+    packed = kernels._pack_weight(values, (kind, raw))
+    assert packed.dtype == kernels.BLOCK_FORMATS[kind]
+    return packed, values, raw
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 16])
+@pytest.mark.parametrize("shape", [(38, 96), (384, 256)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocks_multiply_by_the_dequantized_values(kind, shape, rows):
+    packed, values, raw = _packed(kind, *shape, seed=rows)
+    assert torch.equal(kernels.dequantize_blocks(kind, raw), values)  # the same numbers as gguf-py's
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(shape[0])
+    for with_bias in (None, bias):
+        got = kernels.linear(x, packed, with_bias)
+        want = x.double() @ values.double().T + (0 if with_bias is None else with_bias.double())
+        scale = (x.double().abs() @ values.double().abs().T).max()
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 * float(scale))
+        torch.testing.assert_close(got, kernels.linear(x, values, with_bias), rtol=1e-5, atol=1e-6 * float(scale))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gets_the_same_bits_alone_or_with_others(kind):
+    packed, _, _ = _packed(kind, 70, 128)
+    x = torch.randn(17, 128)
+    together = kernels.linear(x, packed)
+    for rows in (x[:5], x):
+        batch = kernels.linear(rows, packed)
+        for row in range(rows.shape[0]):
+            assert torch.equal(kernels.linear(rows[row:row + 1], packed), batch[row:row + 1])
+            assert torch.equal(batch[row], together[row])
+
+
+def test_blocks_are_used_only_where_they_hold_the_weight():
+    weight = torch.randn(32, 64)
+    raw, values = _blocks(weight, "Q4_1")
+    assert kernels._pack_weight(values, ("Q4_1", raw)).dtype == torch.int32
+    assert kernels._pack_weight(values, ("Q4_K", raw)).dtype == torch.float32  # a format the kernel lacks
+    assert kernels._pack_weight(weight, ("Q4_1", raw)).dtype == torch.float32  # not their values
+    assert kernels._pack_weight(values[:16], ("Q4_1", raw)).dtype == torch.float32  # other rows
+    narrow = torch.randn(32, 48)  # K % 32 != 0: no blocks
+    assert kernels._pack_weight(narrow, ("Q4_1", raw[:, :30])).dtype == torch.float32
+    layer = nn.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(values)
+    layer.gguf_blocks = ("Q4_1", raw)
+    kernels.accelerate(layer)
+    assert layer.packed.dtype == torch.int32
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, values), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # edited in place: the blocks no longer hold it, so the weight is repacked
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    assert layer.packed.dtype == torch.float32
+
+
+def _gguf_model(tied: bool = False) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """A tiny model whose linear layers carry GGUF rows (attention and head Q4_1, MLP Q8_0) and whose
+    weights are those rows' dequantized values: (accelerated, plain torch copy)."""
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    model, plain = LlamaForCausalLM(config).eval(), LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                kind = "Q8_0" if ".mlp." in name else "Q4_1"
+                raw, values = _blocks(module.weight, kind)
+                module.weight.copy_(values)
+                module.gguf_blocks = (kind, raw)
+        plain.load_state_dict(model.state_dict())
+    assert kernels.accelerate(model) == 2 * 7 + 1
+    return model, plain
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
+    model, plain = _gguf_model(tied)
+    packed = {m.packed.dtype for m in model.modules() if isinstance(m, kernels.SmallRowsLinear)}
+    assert packed == {torch.int32, torch.uint16}
+    assert "on (15 linear layers" in kernels.status(model)
+    assert "9 on Q4_1 blocks, 6 on Q8_0 blocks" in kernels.status(model)
+    assert kernels.quantize(model) == 0  # block weights stay the file's own
+    assert all(m.quantized is None for m in model.modules() if isinstance(m, kernels.SmallRowsLinear))
+    monkeypatch.setattr(kernels, "FUSED_LAYERS", fused)
+    calls = []
+    for name in ("decoder_layer", "decoder_layers", "model_pass"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+    linears = []
+    real_linear = kernels.linear
+    monkeypatch.setattr(kernels, "linear", lambda x, w, b=None: linears.append(w.dtype) or real_linear(x, w, b))
+    tokens = torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(2))
+    caches = model.new_cache(1, 64), plain.new_cache(1, 64)
+    passes = [(slice(0, 10), {}),                                     # prefill
+              (slice(10, 11), {}),                                    # decode
+              (slice(11, 12), dict(last_only=True, vocab_limit=40)),  # a draft step, limited ids
+              (slice(12, 17), {})]                                    # verification
+    for part, kwargs in passes:
+        got = model(tokens[:, part], caches[0], **kwargs)
+        with torch.inference_mode():
+            want = plain(tokens[:, part], caches[1], **kwargs)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for cache in caches:
+            cache.commit(0, part.stop - part.start)
+    assert bool(calls) == fused
+    assert fused or {torch.int32, torch.uint16} <= set(linears)
+    assert model._limited_head(40).packed.dtype == torch.int32  # the head's first 40 rows, as blocks
+    # a batch of two rows goes through ``decoder_layers`` (fused) or the per-op layers
+    batch = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(batch, model.new_cache(2, 16)), plain(batch, plain.new_cache(2, 16)),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_token_gets_the_same_bits_alone_or_verified_on_block_weights():
+    model, _ = _gguf_model()
+    tokens = torch.randint(0, 96, (1, 14), generator=torch.Generator().manual_seed(4))
+    together_cache, alone_cache = model.new_cache(1), model.new_cache(1)
+    for cache in (together_cache, alone_cache):
+        model(tokens[:, :8], cache)
+        cache.commit(0, 8)
+    together = model(tokens[:, 8:14], together_cache)
+    for step in range(8, 14):
+        alone = model(tokens[:, step:step + 1], alone_cache)
+        alone_cache.commit(0, 1)
+        assert torch.equal(alone[0, 0], together[0, step - 8])
