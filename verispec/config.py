@@ -33,7 +33,7 @@ class SamplingParams:
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # inf would make every distribution uniform
-            raise SamplingError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+            raise SamplingError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
