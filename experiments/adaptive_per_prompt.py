@@ -3,7 +3,7 @@ planner check's 12 evaluation prompts (4 per workload: chat, code, math) after t
 calibration prompts once, 5 repeats, variants interleaved per prompt. Per prompt: gamma 3's decode
 time per token over adaptive's (> 1: adaptive faster) and the rounds adaptive ran per drafted count.
 
-    OMP_NUM_THREADS=1 python docs/experiments/adaptive_per_prompt.py
+    OMP_NUM_THREADS=1 python experiments/adaptive_per_prompt.py
 """
 import collections, torch
 torch.set_num_threads(1)
@@ -12,7 +12,7 @@ from verispec.bench.planner_check import split_prompts
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, 4, pair.target.config.max_context - 80)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=64, ignore_eos=True)

@@ -1,15 +1,15 @@
 """What the adaptive gamma policy believes and does at batch 1: after the planner check's 18 calibration
 prompts, its round-time estimate (ms) and sample count per candidate gamma and its predicted rate, then
-per evaluation prompt (3 passes over 6) how many rounds drafted how many tokens (README, planner).
+per evaluation prompt (3 passes over 6) how many rounds drafted how many tokens.
 
-    OMP_NUM_THREADS=1 python docs/experiments/adaptive_trace.py
+    OMP_NUM_THREADS=1 python experiments/adaptive_trace.py
 """
 import collections, torch
 torch.set_num_threads(1)
 from verispec.bench.planner_check import split_prompts
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import load_pair, build_engine
-pair = load_pair()
+pair = load_pair("tiny")
 ev, cal = split_prompts(pair.tokenizer, 2, 512)
 spec = SpecConfig(method="chain", gamma=8, gamma_policy="adaptive")
 engine = build_engine(pair, spec)

@@ -4,7 +4,7 @@ layer takes beyond the kernel's row limit), microseconds per call (median of 5 t
 weights warm in cache), the largest error against a float64 product, and
 whether each row's result is bit-identical alone and among the others.
 
-    OMP_NUM_THREADS=1 python docs/experiments/amx_linear.py     (needs a CPU with AMX-BF16)
+    OMP_NUM_THREADS=1 python experiments/amx_linear.py     (needs a CPU with AMX-BF16)
 """
 import statistics, sys, time
 import torch

@@ -1,7 +1,7 @@
 """Offline check of the adaptive policy at concurrency 8: off vs the draft held at gamma 0 vs adaptive,
-interleaved, 6 repeats of 32 greedy 48-token requests (README, serving section).
+interleaved, 6 repeats of 32 greedy 48-token requests.
 
-    OMP_NUM_THREADS=1 python docs/experiments/batch8_gamma0.py
+    OMP_NUM_THREADS=1 python experiments/batch8_gamma0.py
 """
 import time, torch, statistics
 torch.set_num_threads(1)
@@ -10,7 +10,7 @@ from verispec.adaptive import AdaptiveGamma, FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import load_pair
 from verispec.bench.planner_check import split_prompts
-pair = load_pair()
+pair = load_pair("tiny")
 ev, cal = split_prompts(pair.tokenizer, 6, 512)
 prompts = ev + cal
 G = SamplingParams(temperature=0)

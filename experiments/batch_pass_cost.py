@@ -2,7 +2,7 @@
 length L: the embedded target's forward over a KV cache of B rows at length L, median of 30 passes,
 in ms. The serving scheduler's round at batch B and gamma g is one such pass with W = g + 1.
 
-    OMP_NUM_THREADS=1 python docs/experiments/batch_pass_cost.py [--lengths 50,700] [--batches 1,8,16,32]
+    OMP_NUM_THREADS=1 python experiments/batch_pass_cost.py [--lengths 50,700] [--batches 1,8,16,32]
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -13,7 +13,7 @@ ap.add_argument("--lengths", default="50,700")
 ap.add_argument("--batches", default="1,8,16,32")
 ap.add_argument("--widths", default="1,2,3,4,5")
 args = ap.parse_args()
-target = load_pair().target
+target = load_pair("tiny").target
 
 
 def pass_ms(batch, width, length, n=30):

@@ -1,7 +1,7 @@
 """Draft cost per gamma-4 round, BatchEngine (one request at a time, max batch 1 and 64) against
-SpecEngine on the same 6 held-out prompts; medians over rounds, one run (README, serving section).
+SpecEngine on the same 6 held-out prompts; medians over rounds, one run.
 
-    OMP_NUM_THREADS=1 python docs/experiments/batch_vs_single_draft.py
+    OMP_NUM_THREADS=1 python experiments/batch_vs_single_draft.py
 """
 import time, torch, statistics
 torch.set_num_threads(1)
@@ -9,7 +9,7 @@ from verispec.batch import BatchEngine, BatchRequest
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import load_pair, build_engine
 from verispec.bench.planner_check import split_prompts
-pair = load_pair()
+pair = load_pair("tiny")
 ev, _ = split_prompts(pair.tokenizer, 2, 512)
 spec = SpecConfig(method="chain", gamma=4)
 for mb in (1, 64):

@@ -1,9 +1,8 @@
 """A draft step in a decoding loop's shadow: the draft's weights are evicted from the CPU cache by each
 target pass. Median ms of a draft decode step (300 slots of context) alone, then of the 1st..4th draft
-steps right after a 4-position target verification, then of 2 steps after a 64 MB memory sweep
-(README, serving section).
+steps right after a 4-position target verification, then of 2 steps after a 64 MB memory sweep.
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_after_verify.py
+    OMP_NUM_THREADS=1 python experiments/draft_after_verify.py
 """
 import statistics
 import time
@@ -13,7 +12,7 @@ import torch
 torch.set_num_threads(1)
 from verispec.loading import load_pair
 
-pair = load_pair()
+pair = load_pair("tiny")
 target, draft = pair.target, pair.draft
 target_cache, draft_cache = target.new_cache(1, 1024), draft.new_cache(1, 1024)
 prompt = torch.randint(0, 8000, (1, 300))

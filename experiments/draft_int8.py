@@ -9,8 +9,8 @@ side in one process:
    per prompt in turn (interleaved), ``--repeats`` times; decode tokens/s (prefill excluded) and the
    median over repeats of each chain's speedup over plain in the same repeat.
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_int8.py --repeats 5
-    OMP_NUM_THREADS=1 python docs/experiments/draft_int8.py --repeats 5 --versus OTHER_DRAFT_DIR  # two drafts, int8
+    OMP_NUM_THREADS=1 python experiments/draft_int8.py --repeats 5
+    OMP_NUM_THREADS=1 python experiments/draft_int8.py --repeats 5 --versus OTHER_DRAFT_DIR  # two drafts, int8
 """
 import argparse
 import json
@@ -35,9 +35,9 @@ torch.set_num_threads(1)
 GREEDY = SamplingParams(temperature=0)
 
 if args.versus:
-    pairs = {"shipped": load_pair(draft_weights="int8"), "versus": load_pair(None, args.versus, draft_weights="int8")}
+    pairs = {"shipped": load_pair("tiny", draft_weights="int8"), "versus": load_pair("tiny", args.versus, draft_weights="int8")}
 else:
-    pairs = {"native": load_pair(draft_weights="native"), "int8": load_pair(draft_weights="int8")}
+    pairs = {"native": load_pair("tiny", draft_weights="native"), "int8": load_pair("tiny", draft_weights="int8")}
 first = next(iter(pairs.values()))  # plain decoding runs on the first pair's target
 tokenizer = first.tokenizer
 texts = json.loads(PROMPTS_FILE.read_text())

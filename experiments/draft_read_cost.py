@@ -2,13 +2,13 @@
 can draft: one prefill pass of L tokens on one row, median of 15, in ms and ms per token
 (verispec/adaptive.py prices switches from gamma 0 with this, measured online).
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_read_cost.py
+    OMP_NUM_THREADS=1 python experiments/draft_read_cost.py
 """
 import statistics, time, torch
 torch.set_num_threads(1)
 from verispec.loading import load_pair
 
-draft = load_pair().draft
+draft = load_pair("tiny").draft
 
 def median_ms(fn, n=15):
     times = []

@@ -9,7 +9,7 @@
 2. the AVX2 loop's int8 rows against its bf16 weights for the draft's nine linear layers in sequence at
    one row (what ``kernels.INT8_ROWS`` rests on), with AMX switched off for the packing.
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_step_pieces.py
+    OMP_NUM_THREADS=1 python experiments/draft_step_pieces.py
 """
 import ctypes
 import statistics
@@ -35,7 +35,7 @@ def timed(call, n=200):
     return statistics.median(runs)
 
 
-pair = load_pair()
+pair = load_pair("tiny")
 for name, model, limit in (("draft", pair.draft, EMBEDDED_DRAFT_VOCAB), ("target", pair.target, None)):
     cache = model.new_cache(1, 400)
     with torch.inference_mode():

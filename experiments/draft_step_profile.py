@@ -1,7 +1,7 @@
 """Where a draft decode step goes: median step time at context 16/128/512, then cProfile of 300 steps
-(the few-row kernel calls vs Python and torch dispatch; README, serving section).
+(the few-row kernel calls vs Python and torch dispatch).
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_step_profile.py
+    OMP_NUM_THREADS=1 python experiments/draft_step_profile.py
 """
 import cProfile
 import pstats
@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 from verispec.loading import load_pair
 from verispec.sampling import draw_draft
 from verispec.config import SamplingParams
-pair = load_pair()
+pair = load_pair("tiny")
 d = pair.draft
 def med(f, n=200):
     ts=[]

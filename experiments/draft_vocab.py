@@ -3,7 +3,7 @@ gamma 3 with the whole draft vocabulary and with the 4096 / 2048 / 1024 lowest i
 tokenizer numbers BPE tokens by merge order); 24 held-out prompts, 48 greedy tokens, medians of 3
 interleaved repeats, output tokens/s.
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_vocab.py
+    OMP_NUM_THREADS=1 python experiments/draft_vocab.py
 """
 import time, torch, sys
 torch.set_num_threads(1)
@@ -12,7 +12,7 @@ from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import load_pair
-pair = load_pair()
+pair = load_pair("tiny")
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=8, max_output_tokens=48), pair.tokenizer, 1024, 6)
 greedy = SamplingParams(temperature=0)
 def run(e, conc):

@@ -1,7 +1,7 @@
 """Share of the embedded target's greedy tokens whose ids lie below N (the draft vocabulary limit),
 on the packaged held-out prompts (8 per workload, last 400 prompt tokens, 64 greedy tokens).
 
-    OMP_NUM_THREADS=1 python docs/experiments/draft_vocab_coverage.py
+    OMP_NUM_THREADS=1 python experiments/draft_vocab_coverage.py
 """
 import json
 import torch
@@ -10,7 +10,7 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.demo import PROMPTS_FILE
 from verispec.loading import build_engine, load_pair
 
-pair = load_pair()
+pair = load_pair("tiny")
 engine = build_engine(pair, SpecConfig(method="none"))
 tokens = []
 for items in json.loads(PROMPTS_FILE.read_text()).values():

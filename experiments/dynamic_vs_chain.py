@@ -3,7 +3,7 @@ evaluation prompts (96 tokens each), after each engine has run the 12 calibratio
 dynamic builder's acceptance calibration learns there, as a server's would over its first requests):
 committed tokens per round and decode tokens/s (prefill excluded), one pass each.
 
-    OMP_NUM_THREADS=1 python docs/experiments/dynamic_vs_chain.py [--budgets 5,6,7]
+    OMP_NUM_THREADS=1 python experiments/dynamic_vs_chain.py [--budgets 5,6,7]
 """
 import argparse
 import torch
@@ -15,7 +15,7 @@ from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 ap = argparse.ArgumentParser()
 ap.add_argument("--budgets", default="5,6,7")
 args = ap.parse_args()
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, 4, pair.target.config.max_context - 140)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=96, ignore_eos=True)

@@ -1,9 +1,9 @@
 """Whole decoder layers in one native call vs the per-op torch path (both with the few-row linear
 kernel): plain decoding and chain speculation at gamma 3, interleaved per prompt, on the planner
 check's 6 evaluation prompts (2 code, 2 chat, 2 math), greedy, 64 tokens, 5 repeats; decode ms per
-token (prefill excluded) medians over repeats of the per-repeat mean (README, "Fused decoder layers").
+token (prefill excluded) medians over repeats of the per-repeat mean.
 
-    OMP_NUM_THREADS=1 python docs/experiments/fused_layers.py
+    OMP_NUM_THREADS=1 python experiments/fused_layers.py
 """
 import statistics
 
@@ -17,7 +17,7 @@ from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.engine import SpecEngine
 from verispec.loading import load_pair
 
-pair = load_pair()
+pair = load_pair("tiny")
 prompts, _ = split_prompts(pair.tokenizer, 2, 512)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=64, ignore_eos=True)
 engine = SpecEngine(pair.target, DraftModelDrafter(pair.draft))

@@ -1,7 +1,7 @@
 """Fused decoder layers vs the per-op path by pass shape (batch rows B x new tokens T) and context, the
-embedded target, interleaved, medians of 7 passes (README: the 32-row limit, kernels.MAX_FUSED).
+embedded target, interleaved, medians of 7 passes (what kernels.MAX_FUSED rests on).
 
-    OMP_NUM_THREADS=1 python docs/experiments/fused_rows.py [--max-fused 128 --shapes 16x4,16x5,32x4,64x2]
+    OMP_NUM_THREADS=1 python experiments/fused_rows.py [--max-fused 128 --shapes 16x4,16x5,32x4,64x2]
 """
 import argparse
 import statistics
@@ -18,7 +18,7 @@ ap.add_argument("--max-fused", type=int, default=64, help="kernels.MAX_FUSED for
 ap.add_argument("--shapes", default="1x1,1x4,1x8,1x16,1x32,8x4,16x4,32x2,64x1,1x64", help="BxT pass shapes")
 args = ap.parse_args()
 kernels.MAX_FUSED = kernels.MAX_FUSED_AMX = args.max_fused  # let every shape below take the fused path when FUSED_LAYERS is on
-target = load_pair(need_draft=False).target
+target = load_pair("tiny", need_draft=False).target
 shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
 for context in (150, 600):
     for batch, new in shapes:

@@ -3,7 +3,7 @@ the adaptive policy at a batch where it decided plain decoding, 16 rows, step() 
 interleaved blocks of rounds (the serving trace showed the adaptive server's gamma-0 rounds 14% slower
 than off's at the same batch size).
 
-    OMP_NUM_THREADS=1 python docs/experiments/gamma0_overhead.py [--rows 16] [--blocks 12]
+    OMP_NUM_THREADS=1 python experiments/gamma0_overhead.py [--rows 16] [--blocks 12]
 """
 import argparse, statistics, time
 import torch
@@ -18,7 +18,7 @@ parser.add_argument("--blocks", type=int, default=12)
 parser.add_argument("--rounds", type=int, default=20, help="rounds per block")
 args = parser.parse_args()
 torch.set_num_threads(1)
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 G = SamplingParams(temperature=0.0)
 

@@ -2,13 +2,13 @@
 server's modules and the embedded pair), before and after ``gc.freeze()`` (what the server now does
 once it has started: ``verispec.loading.freeze_long_lived_objects``).
 
-    OMP_NUM_THREADS=1 python docs/experiments/gc_pause.py
+    OMP_NUM_THREADS=1 python experiments/gc_pause.py
 """
 import gc, time
 from verispec.server import app  # noqa: F401  (the server's imports: FastAPI, pydantic, ...)
 from verispec.loading import freeze_long_lived_objects, load_pair
 
-pair = load_pair()
+pair = load_pair("tiny")
 print(f"objects tracked by the collector: {len(gc.get_objects()):,}")
 for label in ("before freeze", "after freeze"):
     times = []

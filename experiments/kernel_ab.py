@@ -1,9 +1,9 @@
 """Two git revisions of the native kernel (verispec/kernels/small_m_linear.c), side by side on the
 embedded target with today's Python: median ms of a fused forward of T new tokens after a C-token
 context, the two builds interleaved per pass (11 passes), plus the largest logit difference between
-them (README: what the kernel changes of 2026-12-01 bought).
+them.
 
-    OMP_NUM_THREADS=1 python docs/experiments/kernel_ab.py BEFORE_REV AFTER_REV
+    OMP_NUM_THREADS=1 python experiments/kernel_ab.py BEFORE_REV AFTER_REV
     e.g.  565b536 e392662   (key read once per KV group; 6-row input chunks)
           e392662 f19bca6   (8 keys per step; vector exp for softmax and SiLU)
 """
@@ -30,9 +30,11 @@ def build(revision: str, folder: Path) -> ctypes.CDLL:
     subprocess.run(["cc", *kernels.FLAGS, "-o", str(so_file), str(c_file)], check=True)
     lib = ctypes.CDLL(str(so_file))
     current = kernels.library()
-    for name in ("linear_f32", "linear_bf16", "rms_norm", "decoder_layer"):
-        getattr(lib, name).argtypes = getattr(current, name).argtypes
-        getattr(lib, name).restype = getattr(current, name).restype
+    # Today's Python calls these; a revision must export those it is run through (linear: small_m_linear).
+    for name in ("small_m_linear", "rms_norm", "decoder_layer", "decoder_layers", "model_pass"):
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = getattr(current, name).argtypes
+            getattr(lib, name).restype = getattr(current, name).restype
     if "int decoder_layer(" not in source:  # before it reported allocation failures
         lib.decoder_layer.restype = None
     return lib
@@ -41,7 +43,7 @@ def build(revision: str, folder: Path) -> ctypes.CDLL:
 before_rev, after_rev = sys.argv[1:3]
 with tempfile.TemporaryDirectory() as scratch:
     libs = {rev: build(rev, Path(scratch)) for rev in (before_rev, after_rev)}
-    target = load_pair(need_draft=False).target
+    target = load_pair("tiny", need_draft=False).target
     for context in (100, 500):
         cache = target.new_cache(1, 1024)
         target.forward(torch.randint(0, 8000, (1, context)), cache)

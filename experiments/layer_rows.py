@@ -2,13 +2,13 @@
 200-token context, one row, median of 41 (ms): where verifying 8 positions loses against decoding 1
 (the 6-row input chunks of the kernel leave a 2-row remainder at T = 8).
 
-    OMP_NUM_THREADS=1 python docs/experiments/layer_rows.py
+    OMP_NUM_THREADS=1 python experiments/layer_rows.py
 """
 import statistics, time, torch
 torch.set_num_threads(1)
 from verispec.loading import load_pair
 
-target = load_pair(need_draft=False).target
+target = load_pair("tiny", need_draft=False).target
 
 def median_ms(fn, n=41):
     times = []

@@ -6,7 +6,7 @@ benchmark's held-out prompts, with 95% bootstrap intervals over prompts.
 
     verispec train target --minutes 20 --threads 1 --seed 3 --out runs/ablation-ls/model &
     verispec train target --minutes 20 --threads 1 --seed 3 --no-layerskip --out runs/ablation-plain/model &
-    OMP_NUM_THREADS=2 python docs/experiments/layerskip_ablation.py runs/ablation-ls/model runs/ablation-plain/model
+    OMP_NUM_THREADS=2 python experiments/layerskip_ablation.py runs/ablation-ls/model runs/ablation-plain/model
 """
 import argparse, json, sys
 from pathlib import Path

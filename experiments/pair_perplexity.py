@@ -5,7 +5,7 @@ alone, greedy, on the benchmark's held-out arithmetic prompts, answers scored by
 (the difference target - draft with a paired bootstrap interval). Code is not scored that way: the
 benchmark's check wants a function body, and greedy, both models start the next definition instead.
 
-    OMP_NUM_THREADS=1 python docs/experiments/pair_perplexity.py [--windows 96] [--answers 200]
+    OMP_NUM_THREADS=1 python experiments/pair_perplexity.py [--windows 96] [--answers 200]
         [--draft DIR] [--target DIR]
 """
 import argparse, math

@@ -1,7 +1,7 @@
 """Median paired ratio (per repeat) of two variants in a serving bench result.json, with a bootstrap 95%
 interval: a direct A/B of two launched servers that the report only shows against the baseline.
 
-    python docs/experiments/paired_ratio.py DIR/result.json adaptive adaptive-before
+    python experiments/paired_ratio.py DIR/result.json adaptive adaptive-before
 """
 import json, random, statistics, sys
 r = json.load(open(sys.argv[1])); num, den = sys.argv[2], sys.argv[3]

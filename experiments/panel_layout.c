@@ -1,6 +1,6 @@
 /* Experiment, not used by verispec: the few-row linear with W^T stored in 16-column panels and x
  * broadcast (outer-product form), so that each panel is one contiguous stream. Compared with the
- * shipped dot-product kernel by docs/experiments/panel_layout.py. */
+ * shipped dot-product kernel by experiments/panel_layout.py. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

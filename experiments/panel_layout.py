@@ -1,7 +1,7 @@
 """The shipped few-row kernel (dot products along k) vs a panel layout (W^T in 16-column panels, x
 broadcast), on the embedded target's 33 projections per forward, bf16 weights.
 
-    OMP_NUM_THREADS=1 python docs/experiments/panel_layout.py
+    OMP_NUM_THREADS=1 python experiments/panel_layout.py
 
 Compiles panel_layout.c next to this file into a temporary directory; prints the median ms per forward
 for M = 1, 2, 4, 8, 16 rows (9 interleaved repeats).

@@ -3,7 +3,7 @@ adaptive policy on each of planner_check's 12 evaluation prompts (64 greedy toke
 repeats, interleaved per prompt; the policies first run the calibration prompts), and the speedup of
 an oracle that picks each prompt's best fixed gamma.
 
-    OMP_NUM_THREADS=1 python docs/experiments/per_prompt_best.py
+    OMP_NUM_THREADS=1 python experiments/per_prompt_best.py
 """
 import statistics
 import torch
@@ -13,7 +13,7 @@ from verispec.bench.planner_check import split_prompts
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, 4, pair.target.config.max_context - 80)
 greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=64, ignore_eos=True)

@@ -3,7 +3,7 @@ concurrency 1 (the 66 prompts of the serving sweep one after another, greedy): p
 decoding, each policy fresh (its first pass over the prompts) and learned (a second pass), in
 output tokens/s.
 
-    OMP_NUM_THREADS=1 python docs/experiments/policy_ab.py REV [--repeats 3]
+    OMP_NUM_THREADS=1 python experiments/policy_ab.py REV [--repeats 3]
     e.g.  f235596   (the draft's reads priced; before the load hold, climb tolerance, re-measure fix)
 """
 import argparse, importlib.util, subprocess, sys, tempfile, time
@@ -27,7 +27,7 @@ path.write(source); path.close()
 spec = importlib.util.spec_from_file_location("adaptive_then", path.name)
 then = importlib.util.module_from_spec(spec); sys.modules["adaptive_then"] = then; spec.loader.exec_module(then)
 
-pair = load_pair()
+pair = load_pair("tiny")
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
                                           max_output_tokens=48), pair.tokenizer, 1024, 6)
 greedy = SamplingParams(temperature=0)

@@ -4,10 +4,10 @@ prompts once, as there; with --swap the two halves trade places): decode ms per 
 excluded) per repeat, interleaved per prompt, speedup over plain decoding = median over repeats of the
 per-repeat ratio.
 
-    OMP_NUM_THREADS=1 python docs/experiments/policy_variants.py [--prompts 4] [--repeats 5] [--swap] [--priors 2,4]
+    OMP_NUM_THREADS=1 python experiments/policy_variants.py [--prompts 4] [--repeats 5] [--swap] [--priors 2,4]
 
 Variants: the default policy (its batch-1 depth follows each request's runs); ``model_only`` (the same
-without following runs: the cost model's gamma for every round, as before 2026-12-01 night);
+without following runs: the cost model's gamma for every round);
 per-request acceptance blended with more prior weight (prior_rounds 32); shared acceptance only (one
 gamma for every request); the default seeded from a calibrated profile measured in this process (as
 `verispec serve --profile` does); transformers' +2 / -1 heuristic (``hf``), starting at 8 and keeping
@@ -39,7 +39,7 @@ ap.add_argument("--hf-like", action="store_true", help="more variants: up1, up2,
 ap.add_argument("--swap", action="store_true", help="evaluate on the calibration half, calibrate on the evaluation half")
 args = ap.parse_args()
 
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, pair.target.config.max_context - 80)
 if args.swap:

@@ -3,7 +3,7 @@ logits of the last position only), median of 7, in ms. Beyond kernels.max_fused(
 as consecutive fused passes (LlamaForCausalLM._run_in_chunks); VERISPEC_FUSED_LAYERS=0 shows torch's
 per-op path for comparison.
 
-    OMP_NUM_THREADS=1 python docs/experiments/prefill_cost.py [--lengths 65,128,129,200,352,700]
+    OMP_NUM_THREADS=1 python experiments/prefill_cost.py [--lengths 65,128,129,200,352,700]
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -13,7 +13,7 @@ from verispec.loading import load_pair
 ap = argparse.ArgumentParser()
 ap.add_argument("--lengths", default="65,128,129,200,352,700")
 args = ap.parse_args()
-target = load_pair().target
+target = load_pair("tiny").target
 print(f"kernel: {kernels.status(target)}")
 for length in (int(x) for x in args.lengths.split(",")):
     tokens = torch.randint(0, target.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))

@@ -3,9 +3,9 @@ other, each loading the embedded target and running plain batched decoding (Batc
 closed-loop concurrency 16 three times over the serving sweep's 66 prompts; prints each process's
 three tokens/s and its median verify (target forward) ms of a 16-row round. Within a process the three
 runs agree; across processes they may not, which is why the serving sweep relaunches its servers for
-every repeat (docs/bench.md, relaunch).
+every repeat (docs/benchmarking.md, relaunch).
 
-    OMP_NUM_THREADS=1 python docs/experiments/process_spread.py [--processes 6]
+    OMP_NUM_THREADS=1 python experiments/process_spread.py [--processes 6]
 """
 import argparse, statistics, subprocess, sys, time
 
@@ -28,7 +28,7 @@ from verispec.bench.workloads import build_prompt_set
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import load_pair
 
-pair = load_pair(need_draft=False)
+pair = load_pair("tiny", need_draft=False)
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
                                           max_output_tokens=48), pair.tokenizer, 1024, 6)
 engine = BatchEngine(pair.target, None, SpecConfig(method="none"), max_batch=64)

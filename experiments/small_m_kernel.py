@@ -1,6 +1,6 @@
 """torch's linear vs verispec.kernels (fp32 and bf16 weights) on the embedded target's matrix shapes.
 
-    OMP_NUM_THREADS=1 python docs/experiments/small_m_kernel.py [--rows 1,2,4,8,16,24,32] [--repeats 7]
+    OMP_NUM_THREADS=1 python experiments/small_m_kernel.py [--rows 1,2,4,8,16,24,32] [--repeats 7]
 
 One "forward" = every projection of the 8-layer target once (q|k|v, o, gate|up, down per layer, plus the
 LM head), distinct matrices, so weights stream from memory as in decoding. Prints the median ms per

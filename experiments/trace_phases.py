@@ -1,7 +1,7 @@
 """Summarise a `serve --trace-rounds` file: per server start, phases split at idle gaps > 0.3 s; per phase
 (max batch >= 8) rounds, time, speculative rounds (at load >= 16 and their gammas), the draft's reads.
 
-    python docs/experiments/trace_phases.py runs/c16-trace.jsonl
+    python experiments/trace_phases.py runs/c16-trace.jsonl
 """
 import json, sys
 from collections import Counter

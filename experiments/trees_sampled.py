@@ -1,10 +1,10 @@
 """Trees against the chain at matched verification budget D when sampling (temperature 1 by default):
 committed tokens per round on planner_check's 12 evaluation prompts (96 tokens each, EOS ignored),
 every sibling mode of the static shapes, each prompt decoded with ``--seeds`` seeds. Greedy drafts
-are right or wrong together, so a sibling seldom helps (docs/experiments/dynamic_vs_chain.py); sampled
+are right or wrong together, so a sibling seldom helps (experiments/dynamic_vs_chain.py); sampled
 drafts spread over the draft's distribution, where a second sibling is a second chance.
 
-    OMP_NUM_THREADS=1 python docs/experiments/trees_sampled.py [--budgets 5,6,7,8] [--seeds 2]
+    OMP_NUM_THREADS=1 python experiments/trees_sampled.py [--budgets 5,6,7,8] [--seeds 2]
 """
 import argparse
 import torch
@@ -20,7 +20,7 @@ ap.add_argument("--temperature", type=float, default=1.0)
 ap.add_argument("--top-k", type=int, default=0)
 ap.add_argument("--modes", default="iid,without_replacement,deterministic")
 args = ap.parse_args()
-pair = load_pair()
+pair = load_pair("tiny")
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, _ = split_prompts(pair.tokenizer, 4, pair.target.config.max_context - 140)
 sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k)

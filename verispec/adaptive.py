@@ -1,108 +1,50 @@
 """Choosing gamma at run time from measured costs and acceptance. Pure Python, no torch.
 
-``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), the median wall time of a round
-over the recent rounds of each candidate gamma, plus per-position conditional acceptance shared by
-all buckets. It predicts committed tokens per second for each gamma as
+``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), the median wall time of a round over
+the last ``window`` (15) rounds of each candidate gamma, plus per-position conditional acceptance shared
+by all buckets. It predicts committed tokens per second for each gamma as
 
     rows(bucket, gamma) * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ...
 
-(rows: the median batch size of those rounds; E[N] as in costmodel, with a_1 depending on gamma once
-20 drafting rounds are in: ``costmodel.expected_tokens_by_start``. Right after a rejection the draft
-is right less often, and a larger gamma starts more rounds there; the plain product overestimated
-gamma 6 by ~12% on the embedded pair, so the policy sat at 6 for whole requests where 3 was 7% faster)
+(rows: the median batch size of those rounds; once 20 drafting rounds are in, E[N] is corrected for how
+rounds start, ``costmodel.expected_tokens_by_start``: right after a rejection the draft is right less
+often, and a larger gamma starts more rounds there) and picks the best. Gamma 0 (plain decoding) is a
+candidate, so speculation switches itself off when the batch is large enough that verifying extra
+positions costs more than the accepted tokens bring; speculation must beat it by ``margin`` (3%).
 
-and picks the best; gamma 0 (plain decoding) is a candidate, so speculation switches itself off when
-the batch is large enough that verifying extra positions costs more than the accepted tokens bring.
-A new bucket climbs the candidates from gamma 0 upwards, trying the next one only while the largest
-tried so far is the best or within ``climb_tolerance`` (10%) of it (the rate is unimodal in gamma in
-practice, and at batch 1 neighbouring gammas differ by a few percent, less than three noisy rounds
-can tell apart: stopping at the first apparent loss left a server at gamma 1 for minutes when 3 was
-best) and never past the best gamma of
-the nearest smaller bucket already decided (verifying extra positions costs relatively more as the
-batch grows), so a large batch never pays for a round at gamma 8 once gamma 1 has lost to plain
-decoding. Speculation is chosen only when its predicted rate beats plain decoding's by ``margin``
-(3%): measured round times are noisy, and a tie should not cost the draft's work. For the same
-reason a candidate is judged on at least ``min_samples`` (3) rounds in a bucket, not on one round,
-and its time is the median of its last ``window`` (15) rounds: a round the machine or the collector
-slowed down by 2x moves a median not at all, where it moved the moving average used before by 20%.
-A neighbour of the current best is
-re-measured ``explore_every`` rounds after the best last changed, then after 2x, 4x, ... that many
-rounds while the best stays put (up to 64x), so the estimates track the machine while a neighbour
-that keeps losing costs a vanishing share of rounds. A re-measure takes ``min_samples`` fresh rounds
-that replace the neighbour's window (one round added to rounds taken minutes earlier hardly moved the
-estimate: a neighbour once measured slow stayed slow).
+- Climbing: a new bucket tries the candidates from gamma 0 upwards while the largest tried is the best or
+  within ``climb_tolerance`` (10%) of it, and never past the best gamma of the nearest smaller bucket
+  already decided (``_cap``). A candidate is judged on at least ``min_samples`` (3) rounds.
+- Re-measuring: a neighbour of the current best is re-measured ``explore_every`` rounds after the best
+  last changed, then after 2x, 4x, ... (up to 64x) while the best stays; its ``min_samples`` fresh rounds
+  replace its old window.
+- The load: a choice is made for the largest batch of the last ``hold_rounds`` (16) rounds, not for one
+  round's dip (requests finishing together), so the draft does not read rows' prompts for a dip.
+- The draft's reads: leaving gamma 0 makes the draft read what every row committed meanwhile. Engines
+  ask ``afford`` before such a round with its ``Backlog`` (tokens to read, tokens the rows may still
+  generate), priced at the measured seconds per read token (``reads``). Switching to the bucket's best
+  gamma must save, over the remaining tokens, at least the reads; a first climb in a bucket must pay
+  even if the untried gamma gained what the smaller buckets' gains trend to (``_smaller_gain``; batch 1,
+  with no smaller bucket, climbs at once); a re-measure from gamma 0, or a gamma beyond the smaller
+  bucket's, is exploration whose reads may take at most ``switch_budget`` (0.5%) of the time the bucket
+  spent at gamma 0 since it last speculated. A re-measure between two speculating gammas is no switch.
+  Round times exclude these reads: they are a cost of switching, paid once.
+- Prompt reads: the draft reads every new request's prompt once it speculates at all, a cost plain
+  decoding never pays. Engines report it (``charge``, ``finished``), and a speculative gamma's predicted
+  time carries it per committed token: the mean seconds of a prompt read over the mean output of a
+  finished request (``prompt_seconds_per_token``).
+- Per request: one request's own acceptance (an ``AcceptanceCounts`` passed to ``choose``) is blended
+  with the shared rates, which weigh as ``prior_rounds`` (8) rounds of prior evidence. Round times stay
+  shared: a round's cost does not depend on whose tokens it verifies.
+- Batch 1 follows runs (``follow_runs``): once the cost model says speculation pays, a request's depth
+  starts at the largest candidate, gains ``RUN_UP`` (2) after a round that accepted every draft and loses
+  1 after any other, within [1, 2 x the largest candidate]; the round drafts min(depth, largest
+  candidate). Whether to speculate is re-checked every ``FOLLOW_CHECK_ROUNDS`` rounds.
 
-Leaving gamma 0 is not free: the draft first reads what every row committed meanwhile (prompts
-included), ~0.06 ms per token for the embedded draft (docs/experiments/draft_read_cost.py), so 64
-rows of 150 tokens cost ~0.55 s, a dozen rounds. Before a round that would switch, engines ask
-``afford`` with the round's ``Backlog`` (tokens the draft has not read, tokens the rows may still
-generate), priced at the measured seconds per read token (engines report reads through ``reads``):
-
-- switching to the bucket's best gamma must pay for itself: the time it saves over the rows'
-  remaining tokens, remaining x (1 / plain rate - 1 / its rate), at least the reads (rows that join a
-  speculating bucket late, with long contexts and few tokens left, stay plain);
-- a first climb from gamma 0 in a bucket must be expected to pay too, with the untried gamma's rate
-  taken as optimistically as the smaller buckets' gains over plain decoding allow (the gain shrinks
-  as the batch grows; ``_smaller_gain`` carries the shrinking from the two nearest one doubling on):
-  at batch 16, where bucket 8 gained ~3%, reading 16 prompts (~16 ms) to try gamma 1 would need
-  ~500 ms of remaining decoding to repay, so it waits for the exploration budget below; in-process
-  (closed_loop.py) the climb's reads and losing rounds cost 4-8% of a c16 point. Batch 1 (no
-  smaller bucket) climbs at once;
-- a re-measure from gamma 0, or a gamma beyond what the nearest smaller bucket chose, is exploration:
-  its reads may take at most ``switch_budget`` (0.5%) of the time the bucket has spent at gamma 0
-  since it last speculated, so a bucket of 64 rows re-measures gamma 1 about every two minutes of
-  full load, not every 50 rounds, which made the reads ~10% of the time at batch 16. At 2% the
-  re-measures (their reads and their losing rounds) still cost 2-6% at concurrency 8-16 on the AMX
-  Xeon (closed_loop.py --refill 4: 0.94x / 0.98x at 8 / 16 with 2%, 0.99x / 1.00x with 0.5%). A
-  re-measure between two speculating gammas is no switch: the draft reads only the last round's
-  tokens.
-
-At batch 1, with the request given, the depth of a request whose rounds speculate follows its runs
-(``follow_runs``): it starts at the largest candidate, gains ``RUN_UP`` (2) after a round that accepted
-every draft and loses 1 after any other, within [1, 2 x the largest candidate], and the round drafts
-min(depth, largest candidate). The cost model above still decides whether to speculate at all (checked
-again every ``FOLLOW_CHECK_ROUNDS`` rounds) and everything at larger batches. Why: the best gamma
-differs between requests and between stretches of one request (per prompt, the best fixed gamma of the
-planner check's 12 evaluation prompts ranges from 3 to 8, and choosing it per prompt would be 8%
-faster than the best single gamma: docs/experiments/per_prompt_best.py), and the model's per-request
-estimate reacts slowly: it learns position i's rate only from rounds that drafted that far, and the shared rates it starts from are
-measured mostly on requests that reach deep positions. Depth that follows the runs reacts within a
-round or two. Measured side by side on the two halves of the held-out prompts
-(``docs/experiments/policy_variants.py``, with ``--swap`` for the second half): the model alone reached
-0.99 and 0.94 of the best fixed gamma, following runs 1.01 and 1.00. transformers' +2 / -1 rule
-(``HFHeuristicGamma``) keeps its depth across requests; on the first half that happened to land 4%
-above the best fixed gamma and on the second 1% below it: the edge it showed on the first half (all
-that earlier sessions measured) was that one trajectory, not the rule. Restarted at 8 for every
-request the rule gave 1.02 and 1.01, level with following runs (whose own bookkeeping costs ~1%).
-
-A choice is made for the load, not for one round's batch: the largest batch of the last
-``hold_rounds`` (16) rounds. Behind a server the batch dips whenever requests finish together (a
-wave of equal-length requests, or clients slow to send the next): a few rounds at batch 2-4 while
-the replacements arrive. Choosing for the dip made the draft read the prompts of the rows there
-(speculation pays at batch 2), only for the batch to refill to 16 rounds later and stop drafting: the
-reads bought nothing. Round times are still recorded at the batch they ran with.
-
-One request's own acceptance can be passed to ``choose`` (an ``AcceptanceCounts``): its per-position
-rates are then blended with the shared ones, which act as ``prior_rounds`` (8) rounds of prior
-evidence. A mixed workload holds requests the draft follows well (arithmetic) and ones it does not
-(chat); one gamma for all of them is a compromise, while the blend lets each request move towards
-its own best gamma after a few rounds. Round times stay shared: a round's cost does not depend on
-whose tokens it verifies.
-
-Round times exclude the draft catching up on a backlog: what was committed while speculation was
-off is a cost of switching, paid once, and would make whichever gamma comes next look slow. The
-draft reading a new request's prompt is different: every request pays it as soon as it speculates at
-all, so engines report it through ``charge`` (seconds, prompts read) and ``finished`` (a request's
-output tokens), and a speculative round's predicted time carries it per committed token: the mean
-seconds of a prompt read over the mean output tokens of a request (``prompt_seconds_per_token``). At
-batch 16 with 60-token prompts and 48-token outputs that is ~13% of a round of gamma 2, more than the
-margin by which speculation wins or loses there. Spread over every round of the bucket instead (as
-until the second night session of 2026-12-01), the price shrank with the share of rounds the bucket
-spent at gamma 0: one that speculated in 47 of 78 rounds saw 60% of it, and serving at concurrency 16
-kept gamma 2 where plain decoding was faster (``verispec serve --trace-rounds``).
-
-``HFHeuristicGamma`` is transformers' assisted-generation rule for comparison: +2 after a round that
-accepted every draft, -1 otherwise.
+docs/algorithms.md gives the measurements behind these choices and the experiments that re-measure them.
+``FixedGamma`` drafts the same gamma every round, ``HFHeuristicGamma`` is transformers'
+assisted-generation rule (+2 after a round that accepted every draft, -1 otherwise) for comparison, and
+``CycleGamma`` is the calibration's cycle 1..N.
 """
 
 from __future__ import annotations
@@ -229,7 +171,7 @@ class AdaptiveGamma:
 
     def seed(self, round_seconds: dict[int, float], acceptance: list[float], rounds: float = 20.0) -> None:
         """Start batch 1 from a calibrated profile instead of climbing from gamma 0 (a fresh server
-        spent its first requests climbing, ~10% of a 66-request run's time): ``round_seconds`` per gamma
+        spends its first requests climbing): ``round_seconds`` per gamma
         (0: a plain decoding step) are estimates of its rounds, and ``acceptance`` per position counts
         as ``rounds`` rounds of evidence (fractional counts that keep each conditional rate). The
         profile gives the costs' shape, the server's own rounds their level: once a seeded gamma has
@@ -410,10 +352,9 @@ class AdaptiveGamma:
         """Each tried gamma's predicted rate for this bucket and request, recomputed every
         ``RATE_REFRESH_ROUNDS`` of the bucket's rounds, or sooner when the request or the tried gammas
         change. The estimates move by a round's worth of evidence at a time, while recomputing them
-        before every round (E[N] per gamma from the blended rates, a rate per gamma) cost 2% of the
-        decoding time at batch 1: the policy with its choice pinned to gamma 4 (``pinned4`` in
-        ``docs/experiments/policy_variants.py``) ran at 1.975x against fixed gamma 4's 2.018x; with
-        this cache 1.975x against 2.006x."""
+        before every round (E[N] per gamma from the blended rates, a rate per gamma) is a measurable
+        share of a batch-1 round (``experiments/hot_path_costs.py``, ``pinned4`` in
+        ``experiments/policy_variants.py``)."""
         cached = self._rate_cache.get(bucket)
         if cached is not None and cached[0] is request and cached[1] == tried \
                 and count - cached[2] < self.RATE_REFRESH_ROUNDS:
@@ -433,11 +374,9 @@ class AdaptiveGamma:
         the gain shrank from the second nearest to the nearest (it does as the batch doubles: extra
         verified positions cost relatively more), that shrinking carried one doubling further,
         1 + (g_near - 1)^2 / (g_second - 1). None where no smaller bucket has decided (batch 1).
-
-        Serving the embedded pair (docs/serving-decide-32.toml, a fresh server each repeat) buckets 4
-        and 8 gained ~27% and ~10%, and c16 ran at 0.97-0.98 of plain decoding with a sixth of its
-        rows drafting: offered bucket 8's 10%, bucket 16 could climb and have the draft read 16 prompts
-        (~50 ms, 4% of a c16 point) for rounds that then lost. The trend offers ~3.7%, too little."""
+        Example: buckets 4 and 8 gained 27% and 10%; bucket 16 is offered 1 + 0.1^2 / 0.27, ~3.7%,
+        rather than bucket 8's 10%, which would let it climb and pay the draft's reads for rounds
+        that lose."""
         smaller = sorted(b for b in self.last_best if b < bucket)
         if not smaller:
             return None

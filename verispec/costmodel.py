@@ -1,7 +1,7 @@
 """When does speculation pay? Expected committed tokens, cycle cost and speedup. Pure functions.
 
 With gamma drafts and conditional acceptance a_i at draft position i (iid: a_i = alpha), a round
-commits E[N] = 1 + a_1 + a_1 a_2 + ... + a_1...a_gamma tokens (SEED.md; Leviathan et al. 3.1). One
+commits E[N] = 1 + a_1 + a_1 a_2 + ... + a_1...a_gamma tokens (Leviathan et al. 3.1). One
 cycle costs gamma * draft_ms + verify_ms(gamma + 1) + state_ms; time per token is cycle / E[N] and the
 speedup is baseline_ms / that.
 
@@ -55,8 +55,8 @@ def expected_tokens_by_start(acceptance: Sequence[float], full_share: float, top
     f_g = f_g P(full | after full) + (1 - f_g) P(full | after rejection), and its first rate is
     a1(g) = f_g a1F + (1 - f_g) p01. Positions 2.. keep their rates (each follows an acceptance).
     The product of the measured rates (``expected_tokens``) applies the first rate of the gammas that
-    ran to every gamma, which overestimated gamma 6 by ~12% and gamma 3 by ~5% on the embedded pair
-    (planner check, 2026-12-01): enough to make an online policy prefer 6 where 3 was 7% faster.
+    ran to every gamma, which overestimates deep gammas: enough to make an online policy prefer a gamma
+    that is slower than a shallower one (docs/algorithms.md).
 
     Example: acceptance [0.77, 0.85, 0.85, ...] measured with 55% of rounds fully accepted gives p01
     0.70 and first rates 0.80 / 0.77 / 0.74 at gamma 1 / 3 / 6. On a simulated two-state text (p11

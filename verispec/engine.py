@@ -5,7 +5,7 @@
                              StopRules(max_tokens=64, eos_ids=(0,)), seed=1)
     result.tokens, result.stats.summary()["committed_per_round"]
 
-Invariants kept by every round (DESIGN.md "KV state follows the committed path"):
+Invariants kept by every round (docs/algorithms.md, "KV state follows the committed path"):
 - ``context`` holds every committed token; the target cache holds the KV of all of them but the
   last, which is the previous round's recovered or bonus token (or the first sampled token). It is
   fed, together with the drafts, at the start of the next round.

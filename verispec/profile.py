@@ -21,8 +21,8 @@ width -> in-situ verify time), so the profile gives only its shape. That shape i
 non-decreasing in the number of positions (``monotone``): more positions never cost less, and the
 profile's noise (a few percent per point) otherwise ranks neighbouring gammas at random. The in-situ costs are
 measured right next to the runs they predict and include what a real round pays around the forwards;
-the first planner check, on isolated costs alone, predicted every gamma 15-25% too high (why the two
-drifted apart, machine state or cache effects, was not isolated).
+isolated costs alone predicted every gamma 15-25% too high in the planner check (``python -m
+verispec.bench.planner_check``; whether machine state or cache effects cause the gap is not known).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-round and per-request records. Every metric is defined once, here, next to its formula.
 
-Definitions (DESIGN.md "Metrics"):
+Definitions (also in docs/algorithms.md, "Metrics"):
 
 - round: one verification pass of the target.
 - committed tokens per round = accepted drafts + 1 (recovered or bonus), minus tokens cut by EOS,

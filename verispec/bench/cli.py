@@ -1,13 +1,13 @@
 """``verispec bench``: compare speculation off / chain / tree / n-gram and the transformers peer on one
 prompt set, offline at fixed concurrency and against OpenAI-compatible servers; write JSON + reports.
 
-    verispec bench --quick --out bench-quick                       # embedded pair, < 3 min on 2 CPU cores
+    verispec bench --quick --target tiny --out bench-quick         # the tiny pair, < 1 min on 2 CPU cores
     verispec bench --config bench.toml --out results/run1
     verispec bench --target T --draft D --variants off,chain,tree:s3_k2_d5 --concurrency 1,2,4 --repeats 3
     verispec bench --url chain=http://127.0.0.1:8000 --rate 0.5 --rate 4 --max-concurrency 8 --mode serving
     verispec bench --serve --mode serving                           # starts our server with spec off and on
 
-Flags override the TOML file; ``--quick`` shrinks sizes only. See docs/bench.md.
+Flags override the TOML file; ``--quick`` shrinks sizes only. See docs/benchmarking.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ command-line flags. Everything resolved here is written into the result JSON.
     config = load_config(toml_path=None, quick=True, overrides={"models": {"target": "ckpt/t"}})
     config.variants()   # [Variant("off", ...), Variant("chain", ...), ...]
 
-A TOML file has the same sections and keys as the dataclasses below (see docs/bench.md)::
+A TOML file has the same sections and keys as the dataclasses below (see docs/benchmarking.md)::
 
     [models]
     target = "path/to/target"

@@ -5,11 +5,12 @@ The drafter works in the target's own cache (``bind``). Drafting K tokens feeds 
 committed token) and x_1..x_(K-1) through layers 0..E-1, one at a time, leaving their early-layer KV in
 the slots right after the committed prefix and keeping each one's hidden state after layer E. The
 engine's verify pass then runs only x_K through the early layers and resumes every position at layer
-E (see ``SpecEngine`` / ``Generation._verify_resumed``). Nothing is committed here: a rejected draft's
+E (see ``SpecEngine`` / ``Generation._resume_from_exit``). Nothing is committed here: a rejected draft's
 early-layer KV sits beyond the committed length and is overwritten later.
 
 Only models trained for early exit (layer dropout + early-exit loss) draft well from their early
-layers; an unadapted model is a measured counter-example (README), not an assumption.
+layers; a target trained without that recipe is a measured counter-example (docs/model-card.md), not
+an assumption.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``verispec serve``: load the pair, build the app, run uvicorn.
 
     verispec serve --target DIR --draft DIR --gamma 4 --max-batch 16 --port 8000
-    verispec serve --method ngram --adaptive          # embedded target, drafts from the context
+    verispec serve --method ngram --adaptive          # SmolLM2, drafts from the context
 """
 
 from __future__ import annotations

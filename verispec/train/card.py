@@ -1,12 +1,13 @@
-"""Measure the embedded pair on held-out prompts and write MODEL_CARD.md.
+"""Measure the tiny pair on held-out prompts and write a model card from the figures.
 
     python -m verispec.train.card [--prompts 8] [--max-tokens 64] [--out MODEL_CARD.md]
 
 Acceptance is measured with the engine (chain, gamma 4) on held-out prompts of every workload, greedy
 and at temperature 1; self-speculation acceptance per exit layer likewise (greedy, gamma 4), for the
-embedded target and for an unadapted model of the same shape (random weights), since SEED.md warns
-that good early exits cannot be assumed. Training figures come from each checkpoint's
-``training_metrics.json``, written by ``verispec train``. Results also go to ``runs/card.json``.
+tiny target and for an unadapted model of the same shape (random weights): good early exits cannot be
+assumed of a model, they have to be measured. Training figures come from each checkpoint's
+``training_metrics.json``, written by ``verispec train``. Results also go to ``runs/card.json``. The
+published card, docs/model-card.md, quotes these tables.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def heldout_bench_prompts(tokenizer, max_context: int, per_workload: int, max_to
 def report_drafts(target: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM],
                   prompts: dict[str, list[list[int]]], max_tokens: int) -> None:
     """Print chain (gamma 4) acceptance of each draft against ``target``, greedy and at t=1, on the same
-    prompts and seeds (docs/experiments/compare_drafts.py, acceptance_wide.py)."""
+    prompts and seeds (experiments/compare_drafts.py, experiments/acceptance_wide.py)."""
     chain = SpecConfig(method="chain", gamma=4)
     for name, draft in drafts.items():
         engine = SpecEngine(target, DraftModelDrafter(draft))

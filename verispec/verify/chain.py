@@ -5,7 +5,8 @@ prefix, over the same token ids. For draft i (1-based) accept x_i iff u_i < min(
 at the first rejection emit a *recovered* token from norm(max(0, p_i - q_i)) and stop; if all K are
 accepted emit a *bonus* token from p_{K+1}. A round commits 1..K+1 tokens.
 
-SEED.md's example (V = 3: A, B, C = 0, 1, 2), p = (0.5, 0.3, 0.2), q = (0.6, 0.1, 0.3) everywhere:
+The worked example of docs/algorithms.md (V = 3: A, B, C = 0, 1, 2), p = (0.5, 0.3, 0.2) and
+q = (0.6, 0.1, 0.3) at every position:
 
     >>> p = torch.tensor([[0.5, 0.3, 0.2]] * 4); q = torch.tensor([[0.6, 0.1, 0.3]] * 3)
     >>> r = verify_chain(draft_tokens=torch.tensor([0, 2, 1]), draft_probs=q, target_probs=p,

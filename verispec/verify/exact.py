@@ -1,9 +1,9 @@
 """Exact reference implementations over fractions.Fraction: the oracle the float code is tested against.
 
 Distributions are sequences of Fractions indexed by token id. Nothing here is fast; everything here is
-obviously the rule in SEED.md / DESIGN.md, so the float paths are checked against it.
+obviously the rule (docs/algorithms.md), so the float paths are checked against it.
 
-SEED.md's worked example:
+The worked example of chain verification in docs/algorithms.md:
 
     >>> p = [F('0.5'), F('0.3'), F('0.2')]; q = [F('0.6'), F('0.1'), F('0.3')]
     >>> m = acceptance_masses(p, q)
@@ -69,7 +69,7 @@ def one_hot(token: int, size: int) -> list[F]:
 
 def verify_chain_exact(draft_tokens: Sequence[int], draft_probs: Sequence[Dist] | None,
                        target_probs: Sequence[Dist], uniforms: Sequence[F], final_uniform: F) -> ChainResult:
-    """The chain rule of DESIGN.md, one draft at a time."""
+    """The chain rule, one draft at a time."""
     vocab = len(target_probs[0])
     for i, token in enumerate(draft_tokens):
         q = draft_probs[i] if draft_probs is not None else one_hot(token, vocab)
@@ -156,7 +156,7 @@ def _add(table: dict, key, mass: F) -> None:
 
 def verify_tree_exact(parents: Sequence[int], tokens: Sequence[int], draft_probs: Sequence[Dist] | None,
                       target_probs: Sequence[Dist], mode: str, uniforms: Sequence[F], final_uniform: F):
-    """The tree rule of DESIGN.md in Fractions; same inputs and result as ``verify.tree.verify_tree``."""
+    """The tree rule in Fractions; same inputs and result as ``verify.tree.verify_tree``."""
     from verispec.verify.tree import TreeResult
 
     children: list[list[int]] = [[] for _ in parents]
@@ -231,7 +231,7 @@ def sibling_outcomes(p: Dist, q: Dist | None, siblings: Sequence[int], mode: str
 
     Returns (accepted, recovered): accepted[i] is the probability that sibling i is the one accepted;
     recovered[t] that every sibling is rejected and t is the recovered token. Together they sum to 1.
-    Rules as in DESIGN.md: accept x with min(1, p(x)/q(x)) (deterministic: p(x)); after rejecting x,
+    Rules as in ``verify.tree``: accept x with min(1, p(x)/q(x)) (deterministic: p(x)); after rejecting x,
     iid: p <- norm(max(0, p - q)); without_replacement: the same with q_cur, then q_cur[x] = 0 and
     renormalise; deterministic: p[x] = 0 and renormalise.
 

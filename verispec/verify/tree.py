@@ -1,4 +1,4 @@
-"""Tree verification in three sibling modes (DESIGN.md "Tree verification"). Pure functions.
+"""Tree verification in three sibling modes (docs/algorithms.md). Pure functions.
 
 Walk from the root u: ``p`` starts as the target distribution after u. Try u's children in draw order;
 on acceptance emit the child and descend (p becomes the target distribution after it); when every
