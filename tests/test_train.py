@@ -357,3 +357,13 @@ def test_no_layerskip_flag_trains_a_plain_baseline_target():
     model, tokens = tiny(), repeating_batch()
     _, scalars = layerskip_loss(model, tokens, plain, 0, random.Random(0))
     assert scalars["layers_skipped"] == 0.0 and not any(key.startswith("exit") for key in scalars)
+
+
+def test_train_cli_help_and_bad_budget(capsys):
+    from verispec.cli import main as verispec_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        verispec_main(["train", "--help"])
+    assert exit_info.value.code == 0 and "tokenizer,target,draft" in capsys.readouterr().out
+    assert verispec_main(["train", "draft", "--minutes", "0"]) == 2
+    assert "--minutes must be > 0" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Preallocated KV cache whose contents always follow the committed path.
 
-Shape letters (see STYLE.md): L layers, B batch rows, Hkv key/value heads, S slots, D head dim,
+Shape letters: L layers, B batch rows, Hkv key/value heads, S slots, D head dim,
 T new positions.
 
 Each row b owns ``lengths[b]`` committed slots. A forward pass writes its T new positions into the slots

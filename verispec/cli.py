@@ -17,6 +17,13 @@ EPILOG = "Run 'verispec COMMAND --help' for a command's options. Docs: README.md
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # its own parser, --help included (argparse's REMAINDER drops a leading option)
+        try:
+            return _run_train(argparse.Namespace(rest=argv[1:]))
+        except VerispecError as err:
+            print(f"verispec: error: {err}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -77,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_run_generate)
 
     plan = commands.add_parser(
-        "plan", help="predict tokens per round, cycle cost and speedup (SEED.md's cost model)",
+        "plan", help="predict tokens per round, cycle cost and speedup (the cost model of docs/algorithms.md)",
         description="E[N] = 1 + a_1 + a_1 a_2 + ... ; cycle = gamma * draft_ms + verify_ms + state_ms; "
-                    "ms/token = cycle / E[N]; speedup = baseline_ms / ms/token. Example (SEED.md): "
+                    "ms/token = cycle / E[N]; speedup = baseline_ms / ms/token. Example: "
                     "verispec plan --alpha 0.8 --gamma 4 --draft-ms 1 --verify-ms 12 --state-ms 2 --baseline-ms 10")
     rates = plan.add_mutually_exclusive_group()
     rates.add_argument("--alpha", type=float, help="iid per-position acceptance probability")

@@ -70,7 +70,7 @@ class ModelPair:
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
 # order, most frequent first, and 98% of the target's greedy tokens on the held-out prompts have ids
-# below 2048 (docs/experiments/draft_vocab_coverage.py), while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
+# below 2048 (experiments/draft_vocab_coverage.py), while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
 # gamma 3, this Xeon: 1.22x -> 1.34x over plain decoding).
 EMBEDDED_DRAFT_VOCAB = 2048
 
@@ -112,8 +112,8 @@ def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto")
     if backend not in BACKENDS:
         raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if _is_gguf(path):
-        if backend == "hf":
-            raise CheckpointError("--backend hf does not read GGUF files; use --backend auto or native")
+        if backend == "hf":  # transformers dequantizes the file itself: the peer baseline
+            return load_hf_checkpoint(path, device=resolve_device(device))
         return load_gguf(path, device=resolve_device(device))
     path, device = _checkpoint_dir(path), resolve_device(device)
     model_type = _model_type(path)
@@ -279,7 +279,7 @@ def freeze_long_lived_objects() -> None:
     decodes for a while (the server, the in-process benchmarks). Otherwise each full collection walks
     all of them, ~110 ms on the AMX Xeon, and stalls one round of every running request (a 124 ms
     gamma-0 round in a traced sweep at concurrency 16, 20x its neighbours;
-    ``python docs/experiments/gc_pause.py``)."""
+    ``python experiments/gc_pause.py``)."""
     import gc
 
     gc.collect()

@@ -64,7 +64,7 @@ def _renormalise(probs: torch.Tensor) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, u: float | torch.Tensor) -> int:
-    """Inverse CDF in token-id order for an explicit uniform u in [0, 1) (SEED.md's ``sample``).
+    """Inverse CDF in token-id order for an explicit uniform u in [0, 1).
 
     ``probs`` (V,) need not be normalised: u is scaled by the total mass, so an unnormalised
     residual max(0, p - q) can be sampled directly. Zero-mass tokens are never returned.

@@ -27,7 +27,7 @@ def add_parser(commands) -> None:
         description="Run every variant on the same prompts (ShareGPT, code, math), interleaved per prompt, offline "
                     "at fixed concurrency and/or against OpenAI-compatible endpoints at fixed arrival rates or "
                     "concurrency; write result.json, report.md and report.html with plots to --out.")
-    bench.add_argument("--config", metavar="TOML", help="bench config file (sections as in docs/bench.md)")
+    bench.add_argument("--config", metavar="TOML", help="bench config file (sections as in docs/benchmarking.md)")
     bench.add_argument("--quick", action="store_true", help="small preset: 2 prompts per workload, 32 tokens, "
                                                             "concurrency 1 and 4, one repeat")
     bench.add_argument("--out", help="output directory (default bench-results)")

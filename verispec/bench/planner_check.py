@@ -176,8 +176,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     parser = argparse.ArgumentParser(prog="python -m verispec.bench.planner_check", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default=None, help="target checkpoint dir (default: embedded)")
-    parser.add_argument("--draft", default=None, help="draft checkpoint dir (default: embedded)")
+    parser.add_argument("--target", default=None, help="target: smollm2 (default), tiny, a .gguf file or a checkpoint dir")
+    parser.add_argument("--draft", default=None, help="draft checkpoint dir (default: the named target's shipped draft)")
     parser.add_argument("--prompts", type=int, default=3, help="evaluation prompts per workload (default 3)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)

@@ -33,7 +33,7 @@ bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patt
 ``_pack_weight``) and multiplied with tile instructions, x split exactly into three bf16 parts so the
 products are exact and only fp32 accumulation rounds. A pass of 1..16 rows then costs about the same:
 measured on the embedded target, verify(8) / decode(1) 1.23 with AMX and 2.51 with the AVX2 loop on
-the same CPU (``verispec profile``: docs/profile-xeon-amx.json, docs/profile-xeon-avx2.json). Row results stay independent of the other rows. VERISPEC_AMX=0
+the same CPU (``verispec profile``; docs/results.md). Row results stay independent of the other rows. VERISPEC_AMX=0
 keeps the AVX2 loop; ``status()`` says which path the weights took.
 
 Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to ``max_fused()``
@@ -61,21 +61,21 @@ from torch import nn
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
-MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: docs/experiments/small_m_kernel.py)
+MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: experiments/small_m_kernel.py)
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
-# (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (docs/experiments/amx_linear.py).
+# (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (experiments/amx_linear.py).
 # Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
 FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
-MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one tied (docs/experiments/fused_rows.py)
+MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one tied (experiments/fused_rows.py)
 # With AMX tiles the fused pass won every shape up to 128 rows (0.52-0.89 of the per-op time at 150- and
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
 MAX_FUSED_AMX = 128
 # Without AMX-INT8, quantized (draft) models use their int8 rows on the AVX2 loop for passes of up to this
 # many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes (the draft's nine
 # linears in sequence: 147-152 against 189-190 us for bf16 on the Xeon's AVX2 loop,
-# docs/experiments/draft_step_pieces.py); with the weights in cache the two cost the same at 1-8 rows
+# experiments/draft_step_pieces.py); with the weights in cache the two cost the same at 1-8 rows
 # (the int8 values take extra conversions), so more rows gain nothing.
 INT8_ROWS = 4
 
@@ -798,7 +798,7 @@ class PassArgs:
     per model, head and kind of pass). Per pass only the tokens, the row's length, the positions'
     rotary rows, the head's weight for that many rows and the logits change. A draft step spent as long
     in Python assembling these (reading ~30 pointers, converting them for ctypes, checking the layout)
-    as in the native pass itself (docs/experiments/draft_step_pieces.py: 191 us a step, 88-90 us of it
+    as in the native pass itself (experiments/draft_step_pieces.py: 191 us a step, 88-90 us of it
     native; 125-133 us with the arguments prepared).
 
     ``current`` says whether the objects it was built from are still the ones the model would use.

@@ -25,7 +25,7 @@
 
 /* Software prefetch distance in weight rows (4 blocks ahead). Each row is a short stream (K values),
  * too short for the hardware prefetcher to ramp up on: measured 3.7 -> 3.0 ms for the embedded
- * target's projections at M = 1 (docs/experiments/small_m_kernel.py). Prefetching past the end of
+ * target's projections at M = 1 (experiments/small_m_kernel.py). Prefetching past the end of
  * the weights is harmless (prefetches never fault). */
 #define PREFETCH_ROWS 16
 

@@ -26,7 +26,7 @@ when the path already sits in place, as in a chain), append its completed rows, 
 The full per-position history is kept (a deployment would keep a ring of ``window`` raw entries) so that
 ``set_length`` can roll back to any prefix, which the draft-model protocol needs.
 
-Shape letters as in STYLE.md; C hidden size, T new nodes (flattened tree), Nb / Nh new CSA / HCA rows.
+Shape letters as in docs/architecture.md; C hidden size, T new nodes (flattened tree), Nb / Nh new CSA / HCA rows.
 """
 
 from __future__ import annotations

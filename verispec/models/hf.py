@@ -313,10 +313,17 @@ def _eos_ids(model: torch.nn.Module, vocab: int) -> list[int]:
 
 def load_hf_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
     """Load an HF checkpoint directory of any causal-LM architecture transformers knows (local files
-    only, safetensors only, no remote code)."""
+    only, safetensors only, no remote code), or a GGUF file transformers can dequantize."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
+    if path.suffix.lower() == ".gguf":  # transformers' own GGUF reading: the peer baseline for a GGUF target
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        except Exception as err:  # transformers raises many types for what it cannot read
+            reason = (str(err).strip().splitlines() or [""])[0]
+            raise CheckpointError(f"transformers cannot load {str(path)!r}: {type(err).__name__}: {reason}") from None
+        return HFModel(model.to(device))
     config_path = path / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{str(path)!r} has no config.json; is it an HF checkpoint directory?")

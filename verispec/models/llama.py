@@ -262,7 +262,7 @@ class LlamaForCausalLM(nn.Module):
         fixed arguments prepared once (``kernels.PassArgs``, rebuilt when anything it was built from
         changed). On the Xeon the one call took a draft step with the 2048-id head from 236-238 us piece
         by piece to 174-179 us, a target decode step from 1.71-1.72 to 1.61 ms
-        (docs/experiments/draft_step_pieces.py); preparing its arguments once then took the draft step
+        (experiments/draft_step_pieces.py); preparing its arguments once then took the draft step
         from 191 to 125-133 us (the bare native call: 88-90 us) and the target step from 1.63-1.64 to
         1.55-1.56 ms (the same script). None where a step would not take the kernel (then
         the caller runs the steps)."""
@@ -358,7 +358,7 @@ class LlamaForCausalLM(nn.Module):
         decoding it alone. Only where AMX multiplies: there torch's per-op path beyond ``rows`` took
         1.5-2x as long (352 tokens: 79 vs 44 ms on the Xeon), while the AVX2 loop's 64-row passes
         took 1.7-2x as long as torch's one big pass (352 tokens: 158 vs 80 ms, VERISPEC_AMX=0 there;
-        docs/experiments/prefill_cost.py)."""
+        experiments/prefill_cost.py)."""
         base, hidden = cache.lengths[0], []
         try:
             for first in range(0, x.shape[1], rows):

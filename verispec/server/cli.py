@@ -22,7 +22,7 @@ def add_parser(commands) -> None:
         "serve", help="OpenAI-compatible HTTP server with batched speculative decoding",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Requests "
                     "are batched continuously; each round drafts for every running request and verifies all "
-                    "of them in one target pass. With no --target/--draft the embedded default pair is used.")
+                    "of them in one target pass. With no --target, SmolLM2-135M-Instruct and its shipped draft.")
     from verispec.cli import add_model_options
 
     add_model_options(serve)
@@ -61,7 +61,7 @@ def add_parser(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--served-model-name", default=None,
-                       help="model id clients send and /v1/models lists (default: the target directory's name, "
+                       help="model id clients send and /v1/models lists (default: the target file's or directory's name, "
                             "verispec-default for the embedded pair)")
     serve.add_argument("--verbose", action="store_true", help="log requests and progress")
     serve.set_defaults(run=run_serve)

@@ -232,7 +232,7 @@ def render(measured: dict) -> str:
         other = measured["unadapted_early_exit_greedy_gamma4"][exit_layer]
         lines.append(f"| {exit_layer} | " + " | ".join(f"{per[w]['acceptance_rate']:.3f}" for w in per) + " | "
                      + " | ".join(f"{other[w]['acceptance_rate']:.3f}" for w in other) + " |")
-    lines += ["", "Loss curves: `docs/target_loss.png`, `docs/draft_loss.png`.", ""]
+    lines += ["", "Loss curves: `docs/model-card/target_loss.png`, `docs/model-card/draft_loss.png`.", ""]
     return "\n".join(lines)
 
 
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts per workload (default 8)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--out", default="MODEL_CARD.md")
+    parser.add_argument("--out", default="runs/model-card-tiny.md", help="where the rendered tiny-pair card goes (merge by hand into docs/model-card.md)")
     parser.add_argument("--json", default="runs/card.json")
     args = parser.parse_args(argv)
     measured = measure(args.prompts, args.max_tokens)

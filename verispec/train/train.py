@@ -3,6 +3,7 @@
     $ python -m verispec.train.train tokenizer                       # -> runs/tokenizer/model
     $ python -m verispec.train.train target --minutes 75             # -> verispec/data/target, runs/target
     $ python -m verispec.train.train draft --minutes 30              # -> verispec/data/draft, runs/draft
+    $ python -m verispec.train.train draft --target smollm2 --minutes 80   # -> verispec/data/smollm2-draft
     $ python -m verispec.train.train compressed --minutes 10         # -> runs/compressed/model (not shipped)
 
 Order matters: the target needs the tokenizer, the draft needs a trained target. Each run writes a
@@ -212,6 +213,9 @@ def _parse_mix(text: str, default: dict, command: str) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not getattr(args, "minutes", 1) > 0 or args.threads < 1:
+        print(f"verispec train {args.command}: --minutes must be > 0 and --threads >= 1", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     init = getattr(args, "init", None)
     if init is not None and not (Path(init) / "config.json").is_file():
