@@ -167,3 +167,36 @@ def test_smollm2_equals_transformers_greedy():
         result = engine.generate(ids, SamplingParams(temperature=0), SpecConfig(method="none"),
                                  StopRules(max_tokens=12, eos_ids=()))
         assert result.tokens == expected
+
+
+def test_shared_embedding_draft_round_trip(tiny_gguf, tmp_path):
+    """A draft cut from the target's first layer: the loss trains only its own weights, and the exported
+    checkpoint (without an embedding) loads back sharing the target's tensor and GGUF rows."""
+    from verispec.loading import load_shared_draft, shares_embedding
+    from verispec.train.gguf_draft import GgufDraftRecipe, draft_from_target, export_draft, restricted_distillation_loss
+
+    target = load_gguf(tiny_gguf, kernels=False)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    draft = draft_from_target(target, (0,))
+    assert draft.model.embed_tokens.weight is target.model.embed_tokens.weight
+    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+    loss, scalars = restricted_distillation_loss(draft, target, tokens, draft_vocab=128, argmax_weight=0.5)
+    loss.backward()
+    assert target.model.embed_tokens.weight.grad is None
+    assert draft.model.layers[0].mlp.up_proj.weight.grad is not None and 0 <= scalars["greedy_match"] <= 1
+    with torch.no_grad():  # the checkpoint stores bf16: round the originals alike to compare exactly
+        for name, parameter in draft.named_parameters():
+            if "embed" not in name:
+                parameter.copy_(parameter.bfloat16().float())
+    export_draft(draft, tmp_path / "draft", GgufDraftRecipe(layers=(0,), draft_vocab=128), "tiny.gguf")
+    assert shares_embedding(tmp_path / "draft")
+    served = load_gguf(tiny_gguf)
+    loaded = load_shared_draft(tmp_path / "draft", served)
+    assert loaded.model.embed_tokens.weight is served.model.embed_tokens.weight
+    assert loaded.lm_head.gguf_blocks[1] is served.lm_head.gguf_blocks[1]
+    with torch.no_grad():
+        expected = draft.train_forward(tokens[:, :8])[0]
+        cache = loaded.new_cache(2, 16)
+        got = loaded(tokens[:, :8], cache)
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)

@@ -132,7 +132,9 @@ def export_draft(draft: LlamaForCausalLM, out_dir: str | Path, recipe: GgufDraft
 
 
 def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_dir: str | Path,
-                     run_dir: str | Path) -> dict:
+                     run_dir: str | Path, init_dir: str | Path | None = None) -> dict:
+    """Distil for ``minutes`` of wall time; ``init_dir`` continues from a draft this function exported
+    (its layers and final norm; the embedding stays the target's)."""
     from verispec.loading import load_target_and_tokenizer
 
     run_dir = Path(run_dir)
@@ -143,6 +145,16 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
         parameter.requires_grad_(False)
     torch.manual_seed(recipe.optim.seed)
     draft = draft_from_target(teacher, recipe.layers)
+    if init_dir is not None:
+        from verispec.models.llama import load_checkpoint
+
+        start = load_checkpoint(init_dir, kernels=False, shared_embedding=teacher.model.embed_tokens.weight)
+        if start.config.num_hidden_layers != len(recipe.layers):
+            raise ValueError(f"--init {init_dir} has {start.config.num_hidden_layers} layers, the recipe "
+                             f"{len(recipe.layers)}; pass --layers {start.config.num_hidden_layers}")
+        draft.load_state_dict(start.state_dict())
+        draft.model.embed_tokens.weight = draft.lm_head.weight = teacher.model.embed_tokens.weight
+        logger.info("draft: continuing from %s", init_dir)
     render = chat_renderer(tokenizer)
     eos_id = teacher.config.eos_ids[-1] if len(teacher.config.eos_ids) > 1 else teacher.config.eos_ids[0]
 

@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.mix is not None:
             changes["mix"] = _parse_mix(args.mix, recipe.mix, "draft")
         train_gguf_draft(replace(recipe, **changes), args.minutes, args.target, args.out or SMOLLM2_DRAFT_DIR,
-                         run_dir)
+                         run_dir, args.init)
     elif args.command == "draft":
         from verispec.train.draft import train_draft
 
