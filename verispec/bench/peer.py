@@ -46,6 +46,9 @@ class PeerModels:
 
         def load(path: Path) -> torch.nn.Module:
             try:
+                if Path(path).suffix.lower() == ".gguf":  # transformers dequantizes the file itself
+                    return AutoModelForCausalLM.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name,
+                                                                dtype=dtype).to(device).eval()
                 return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
             except Exception as err:
                 raise VerispecError(f"transformers cannot load {str(path)!r} for the peer comparison: {err}") from None

@@ -27,7 +27,8 @@ from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_pro
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
 from verispec.loading import (ModelPair, eos_ids, freeze_long_lived_objects, load_pair, load_tokenizer,
-                              TARGET_NAMES, resolve_draft_vocab, resolve_target)
+                              TARGET_NAMES, resolve_draft_vocab, resolve_target,
+                              shares_embedding)
 
 log = logging.getLogger(__name__)
 SCHEMA = "verispec-bench/1"
@@ -211,6 +212,12 @@ def _peer_models(config: BenchConfig, pair: ModelPair, variants: list[Variant]):
     from verispec.bench.peer import PeerModels
 
     draft_dir = pair.draft_dir if any(v.peer == "assisted" for v in peers) else None
+    if draft_dir is not None and shares_embedding(draft_dir):  # transformers needs a self-contained copy
+        import tempfile
+
+        from verispec.train.gguf_draft import export_hf_draft
+
+        draft_dir = export_hf_draft(pair.draft, pair.tokenizer, tempfile.mkdtemp(prefix="verispec-peer-draft-"))
     return PeerModels.load(pair.target_dir, draft_dir, config.models.precision, config.models.device, config.spec)
 
 
