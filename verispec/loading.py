@@ -203,8 +203,9 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
     target_dir, draft_dir = resolve_target(target_dir, draft_dir)
     with_draft = need_draft and draft_dir is not None
-    # A bar only when loading takes over a second (SmolLM2's first load converts the GGUF file).
+    # A bar on a terminal when loading takes over a second (SmolLM2's first load converts the GGUF file).
     with tqdm(total=3 if with_draft else 2, desc=f"loading {Path(target_dir).name}", unit="part", delay=1.0,
+              disable=not sys.stderr.isatty(),
               file=sys.stderr, leave=False, bar_format="{desc}: {n}/{total}{postfix} [{elapsed}]") as bar:
         bar.set_postfix_str("target")
         target = load_model(target_dir, device, backend)
