@@ -112,3 +112,24 @@ def test_draft_vocab_resolution(byte_pair):
         # Through transformers the draft scores every id: auto keeps it whole rather than refuse.
         assert resolve_draft_vocab(load_pair("tiny", backend="hf"), "auto") is None
 
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--alpha", "0.8", "--draft-ms", "0", "--verify-ms", "0", "--baseline-ms", "0"], "--baseline-ms"),
+    (["plan", "--alpha", "0.8", "--draft-ms", "1", "--verify-ms", "1", "--baseline-ms", "1", "--sweep", "100000000"],
+     "--sweep"),
+    (["profile", "--target", "tiny", "--threads", "-1"], "--threads"),
+    (["profile", "--target", "tiny", "--out", "/nonexistent-folder/p.json"], "does not exist"),
+    (["serve", "--port", "70000"], "--port"),
+    (["generate", "caf\udce9", "--target", "tiny", "--max-tokens", "2"], "not valid UTF-8"),
+])
+def test_bad_arguments_are_one_line_errors(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_plan_refuses_a_profile_that_is_not_one(capsys, tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    code, _, err = run(capsys, "plan", "--profile", str(path))
+    assert code == 2 and "not a verispec profile" in err

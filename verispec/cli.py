@@ -9,10 +9,14 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from verispec.errors import VerispecError
 
 EPILOG = "Run 'verispec COMMAND --help' for a command's options. Docs: README.md."
+
+
+MAX_SWEEP = 256  # gammas a plan may sweep (the sweep is quadratic in it)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,6 +302,10 @@ def _run_plan(args) -> int:
             raise VerispecError(f"--{name.replace('_', '-')} must be >= 0")
     if args.gamma < 0:
         raise VerispecError("--gamma must be >= 0")
+    if args.baseline_ms <= 0 or args.draft_ms + args.verify_ms + args.state_ms <= 0:
+        raise VerispecError("--baseline-ms must be > 0 and a round must cost something (draft, verify or state > 0)")
+    if args.sweep is not None and not 1 <= args.sweep <= MAX_SWEEP:
+        raise VerispecError(f"--sweep must be in 1..{MAX_SWEEP}, got {args.sweep}")
     verify = args.verify_ms
     if args.sweep is not None and args.verify_slope_ms is not None:
         # --verify-ms is the cost at the given gamma; extrapolate linearly in verified positions.
@@ -336,8 +344,14 @@ def _plan_from_profile(args, acceptance) -> int:
 
     try:
         data = json.loads(Path(args.profile).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), (int, float)) and data[k] > 0
+                                              for k in ("decode_ms", "draft_ms")):
+        raise VerispecError(f"profile {args.profile!r} is not a verispec profile (a JSON object with positive "
+                            "decode_ms and draft_ms); write one with verispec profile --out FILE")
+    if args.sweep is not None and not 1 <= args.sweep <= MAX_SWEEP:
+        raise VerispecError(f"--sweep must be in 1..{MAX_SWEEP}, got {args.sweep}")
     if args.alpha is not None:
         acceptance = [args.alpha]
     try:
@@ -364,14 +378,21 @@ def _run_profile(args) -> int:
     from verispec import profile as profiler
     from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
+    if args.max_positions < 2 or args.repeats < 1 or args.context < 1 or args.threads < 0:
+        raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1, --threads >= 0")
+    out_folder = Path(args.out).expanduser().resolve().parent
+    if not out_folder.is_dir():
+        raise VerispecError(f"--out {args.out}: the folder {str(out_folder)!r} does not exist")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.max_positions < 2 or args.repeats < 1 or args.context < 1:
-        raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1")
     pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend,
                      draft_weights=args.draft_weights)
     bar = lambda items: tqdm(items, desc="verify curve", unit="pass", file=sys.stderr)
     vocab = resolve_draft_vocab(pair, args.draft_vocab) if pair.draft is not None else None
+    room = getattr(pair.target.config, "max_context", None)
+    if room is not None and args.context + args.max_positions > room:
+        raise VerispecError(f"--context {args.context} + --max-positions {args.max_positions} exceed the target's "
+                            f"context of {room} tokens")
     data = profiler.profile(pair.target, pair.draft, args.context, args.max_positions, args.repeats, progress=bar,
                             draft_vocab=vocab)
     data["target"], data["draft"] = str(pair.target_dir), str(pair.draft_dir)

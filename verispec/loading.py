@@ -376,6 +376,10 @@ def _checkpoint_dir(path: str | Path) -> Path:
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes on the command line arrive as lone surrogates
+        raise VerispecError("the prompt is not valid UTF-8 text") from None
     if chat:
         return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                   add_generation_prompt=True, tokenize=True,

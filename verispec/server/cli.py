@@ -70,6 +70,8 @@ def add_parser(commands) -> None:
 def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
     if args.max_batch < 1:
         raise VerispecError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if not 0 <= args.port <= 65535:
+        raise VerispecError(f"--port must be in 0..65535, got {args.port}")
     if args.max_model_len < 16:
         raise VerispecError(f"--max-model-len must be >= 16, got {args.max_model_len}")
     if args.max_queue < 0:
