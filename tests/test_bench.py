@@ -60,6 +60,15 @@ def test_config_errors_name_the_problem(tmp_path):
         load_config(env)
 
 
+@pytest.mark.parametrize("section, key, value, kind", [
+    ("sampling", "temperature", "hot", "a number"), ("prompts", "max_output_tokens", 16.5, "an integer"),
+    ("prompts", "workloads", "code", "a list"), ("prompts", "per_workload", True, "an integer"),
+])
+def test_config_types_are_checked_by_key(section, key, value, kind):
+    with pytest.raises(VerispecError, match=rf"{section}\.{key} must be {kind}"):
+        load_config(overrides={section: {key: value}})
+
+
 def test_matched_budget_is_verified_nodes():
     spec = BenchConfig().spec  # budget 5
     assert parse_variant("chain", spec).verified_nodes == 5

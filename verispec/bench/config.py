@@ -333,13 +333,38 @@ def _build(cls, data: dict, where: str):
                                                           env=_environment(e.get("env", {}), path)), path)
                                  for e in _listify(value, path))
         elif isinstance(value, list):
+            _check_type(known[name], value, path)
             kwargs[name] = tuple(_number(v) for v in value)
         else:
+            _check_type(known[name], value, path)
             kwargs[name] = _number(value)
     try:
         return cls(**kwargs)
     except TypeError as err:
         raise VerispecError(f"bench config [{where}]: {err}") from None
+
+
+def _check_type(field: dataclasses.Field, value, path: str) -> None:
+    """A value of the kind the field's default has (an int where an int is expected, a list where a list
+    is); fields whose default is None or that have no default take what their constructor accepts."""
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if default is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = number and float(value).is_integer() and not isinstance(value, float), "an integer"
+    elif isinstance(default, float):
+        ok, kind = number or (isinstance(value, str) and value.lower() in ("inf", "infinity")), "a number"
+    elif isinstance(default, str):
+        ok, kind = isinstance(value, str), "a string"
+    elif isinstance(default, tuple):
+        ok, kind = isinstance(value, (list, tuple)), "a list"
+    else:
+        return
+    if not ok:
+        raise VerispecError(f"bench config: {path} must be {kind}, got {value!r}")
 
 
 def _environment(value, path: str) -> tuple[tuple[str, str], ...]:
