@@ -338,6 +338,7 @@ def add_parser(commands) -> None:
                     "Unlike generate, audit samples at temperature 1 by default. See verispec/audit.py "
                     "for the statistics and a worked example.")
     cli.add_model_options(audit)
+    cli.add_threads_option(audit)
     cli.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
     cli.add_spec_options(audit)
     audit.add_argument("--prompt", action="append", default=[], metavar="TEXT",

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        apply_threads(args)
         return args.run(args) or 0
     except VerispecError as err:
         print(f"verispec: error: {err}", file=sys.stderr)
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "With no --target, SmolLM2-135M-Instruct and its shipped draft.")
     gen.add_argument("prompt", metavar="PROMPT", help="prompt text (use --chat to apply the chat template)")
     add_model_options(gen)
+    add_threads_option(gen)
     add_sampling_options(gen)
     add_spec_options(gen)
     gen.add_argument("--max-tokens", type=int, default=64, help="maximum new tokens (default 64)")
@@ -199,6 +201,23 @@ def spec_from_args(args):
                       tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit"}.get(args.method, "model"),
                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default 0: OMP_NUM_THREADS, else torch's default)")
+
+
+def apply_threads(args) -> None:
+    """--threads N (N >= 1) sets torch's threads; 0 leaves OMP_NUM_THREADS / torch's default alone."""
+    threads = getattr(args, "threads", None)
+    if threads is None or threads == 0:
+        return
+    if threads < 0:
+        raise VerispecError(f"--threads must be >= 0, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

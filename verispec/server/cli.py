@@ -23,12 +23,14 @@ def add_parser(commands) -> None:
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Requests "
                     "are batched continuously; each round drafts for every running request and verifies all "
                     "of them in one target pass. With no --target, SmolLM2-135M-Instruct and its shipped draft.")
-    from verispec.cli import add_model_options
+    from verispec.cli import add_model_options, add_threads_option
 
     add_model_options(serve)
+    add_threads_option(serve)
     serve.add_argument("--method", choices=METHODS, default="chain",
                        help="chain: the draft model proposes --gamma tokens per round; ngram: continuations "
                             "found earlier in the context (no draft model); none: plain decoding")
+    serve.add_argument("--no-spec", action="store_true", help="plain decoding, as --method none (and as generate)")
     serve.add_argument("--gamma", type=int, default=spec.gamma,
                        help=f"drafts per round; with --adaptive the most tried (default {spec.gamma})")
     serve.add_argument("--adaptive", action="store_true",
@@ -80,6 +82,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.profile and not args.adaptive:
         raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
+    if args.no_spec:
+        args.method = "none"
     if args.method == "none":
         if args.adaptive:
             raise VerispecError("--adaptive chooses how many drafts to verify; it needs --method chain or ngram")
