@@ -219,7 +219,7 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
             draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
                 else load_model(draft_dir, device, backend)
             check_compatible(target, draft)
-            check_same_tokenizer(tokenizer, draft_dir)
+            check_same_tokenizer(tokenizer, draft_dir, target.config.vocab_size)
             if draft_weights == "int8":
                 quantize_draft(draft)
             bar.update()
@@ -295,17 +295,33 @@ def check_compatible(target: Model, draft: Model) -> None:
             f"({target.config.vocab_size}); speculative decoding needs a draft with the target's tokenizer")
 
 
-def check_same_tokenizer(target_tokenizer, draft_dir: str | Path) -> None:
-    """A draft directory that ships its own tokenizer must map every token to the target's id: equal
-    vocabulary sizes alone do not mean the ids agree (a different special token shifts them)."""
+def check_same_tokenizer(target_tokenizer, draft_dir: str | Path, vocab_size: int | None = None) -> None:
+    """A draft directory that ships its own tokenizer must give every token the target's id: equal
+    vocabulary sizes alone do not mean the ids agree (a different special token shifts them). Judged by
+    ids, not by tokenizer classes: the token -> id maps restricted to ids below the model's vocabulary
+    size (tokens a tokenizer class adds past it at load time never reach the model), and the EOS and BOS
+    ids."""
     draft_dir = _checkpoint_dir(draft_dir)
     if not any((draft_dir / name).is_file() for name in TOKENIZER_FILES):
         return  # no tokenizer of its own: it is assumed to use the target's
-    if load_tokenizer(draft_dir).get_vocab() != target_tokenizer.get_vocab():
+    draft_tokenizer = load_tokenizer(draft_dir)
+    if not same_token_ids(target_tokenizer, draft_tokenizer, vocab_size):
         raise CheckpointError(
-            f"the draft's tokenizer in {str(draft_dir)!r} differs from the target's (its token -> id map is "
-            "not the same); heterogeneous vocabularies are not supported yet, so use a draft trained with "
-            "the target's tokenizer")
+            f"the draft's tokenizer in {str(draft_dir)!r} differs from the target's (its token -> id map or its "
+            "EOS/BOS ids are not the same); heterogeneous vocabularies are not supported yet, so use a draft "
+            "trained with the target's tokenizer")
+
+
+def same_token_ids(first, second, vocab_size: int | None = None) -> bool:
+    """Whether two tokenizers map the same tokens to the same ids below ``vocab_size`` (all ids when
+    None) and agree on EOS and BOS."""
+    def restricted(tokenizer) -> dict[str, int]:
+        return {token: index for token, index in tokenizer.get_vocab().items()
+                if vocab_size is None or index < vocab_size}
+
+    specials = ("eos_token_id", "bos_token_id")
+    return restricted(first) == restricted(second) and all(
+        getattr(first, name, None) == getattr(second, name, None) for name in specials)
 
 
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
