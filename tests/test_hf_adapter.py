@@ -350,6 +350,7 @@ def test_tokenizers_are_judged_by_ids_below_the_vocabulary():
 
     base = {"a": 0, "b": 1, "c": 2}
     assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=3)
-    assert not same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}))
+    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=8)  # an id only one has
+    assert not same_token_ids(Fake(base), Fake({**base, "c2": 2}), vocab_size=8)  # id 2 names two tokens
     assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 2, "c": 1}), vocab_size=3)
-    assert not same_token_ids(Fake(base), Fake(base, eos=2), vocab_size=3)
+    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 1, "c": 2, "d": 3}, eos=2), vocab_size=4)

@@ -313,15 +313,22 @@ def check_same_tokenizer(target_tokenizer, draft_dir: str | Path, vocab_size: in
 
 
 def same_token_ids(first, second, vocab_size: int | None = None) -> bool:
-    """Whether two tokenizers map the same tokens to the same ids below ``vocab_size`` (all ids when
-    None) and agree on EOS and BOS."""
-    def restricted(tokenizer) -> dict[str, int]:
-        return {token: index for token, index in tokenizer.get_vocab().items()
+    """Whether two tokenizers agree on every id below ``vocab_size`` (all ids when None) that both
+    define, in both directions (no id names two tokens, no token has two ids), and on EOS and BOS. An
+    id only one of them defines (a token a tokenizer class adds at load time) is no conflict: a draft
+    never proposes an id it lacks, which keeps verification exact."""
+    def by_id(tokenizer) -> dict[int, str]:
+        return {index: token for token, index in tokenizer.get_vocab().items()
                 if vocab_size is None or index < vocab_size}
 
-    specials = ("eos_token_id", "bos_token_id")
-    return restricted(first) == restricted(second) and all(
-        getattr(first, name, None) == getattr(second, name, None) for name in specials)
+    one, two = by_id(first), by_id(second)
+    shared_ids = one.keys() & two.keys()
+    if any(one[index] != two[index] for index in shared_ids):
+        return False
+    ids_one, ids_two = {t: i for i, t in one.items()}, {t: i for i, t in two.items()}
+    if any(ids_one[token] != ids_two[token] for token in ids_one.keys() & ids_two.keys()):
+        return False
+    return all(getattr(first, name, None) == getattr(second, name, None) for name in ("eos_token_id", "bos_token_id"))
 
 
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
