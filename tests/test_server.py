@@ -605,3 +605,24 @@ def test_startup_objects_are_frozen_out_of_full_collections():
         assert frozen_s < unfrozen_s
     finally:
         gc.unfreeze()
+
+
+def test_api_key_and_body_limit(pair):
+    config = ServerConfig(max_batch=2, api_key="s3cret", max_body_bytes=4096)
+    with serving(create_app(pair, SpecConfig(gamma=2), config)) as live:
+        with pytest.raises(openai.AuthenticationError):
+            greedy(live.client(), "no key", 2)
+        keyed = openai.OpenAI(base_url=f"{live.url}/v1", api_key="s3cret", max_retries=0, timeout=60)
+        assert greedy(keyed, "with key", 2).usage.completion_tokens == 2
+        assert http(f"{live.url}/health")[0] == 200  # always open
+        status, _, text = http(f"{live.url}/metrics")
+        assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+        status, _, text = http(f"{live.url}/v1/completions", {"model": MODEL, "prompt": "x" * 5000})
+        assert status in (401, 413)  # the key is checked first
+        big = urllib.request.Request(f"{live.url}/v1/completions", data=b"{" + b" " * 5000 + b"}", method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": "Bearer s3cret"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(big, timeout=60)
+        assert caught.value.code == 413 and "at most 4096" in caught.value.read().decode()
+    with serving(create_app(pair, SpecConfig(gamma=2), ServerConfig(max_batch=2, api_key="k", metrics_public=True))) as live:
+        assert http(f"{live.url}/metrics")[0] == 200

@@ -120,6 +120,7 @@ def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerC
                   lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.model_name = scheduler, metrics, model_name
     _add_error_handlers(app)
+    _add_guard(app, config)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -306,6 +307,30 @@ class _Waiter:
 
 def _sse_data(body: dict) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _add_guard(app: FastAPI, config: ServerConfig) -> None:
+    """Access control and the body limit, before a request is read: without ``Authorization: Bearer KEY``
+    every path but /health (and /metrics with ``metrics_public``) answers 401; a declared body over
+    ``max_body_bytes`` answers 413."""
+    import hmac
+
+    open_paths = {"/health"} | ({"/metrics"} if config.metrics_public else set())
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if config.api_key and request.url.path not in open_paths:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+                return JSONResponse(schemas.error_body("a valid API key is needed: send the header "
+                                                       "'Authorization: Bearer <key>'", code="invalid_api_key"),
+                                    status_code=401)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > config.max_body_bytes:
+            return JSONResponse(schemas.error_body(f"the request body is {int(declared)} bytes; this server takes "
+                                                   f"at most {config.max_body_bytes}", code="body_too_large"),
+                                status_code=413)
+        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
@@ -30,6 +31,12 @@ def add_parser(commands) -> None:
     serve.add_argument("--method", choices=METHODS, default="chain",
                        help="chain: the draft model proposes --gamma tokens per round; ngram: continuations "
                             "found earlier in the context (no draft model); none: plain decoding")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every request but /health (default: the "
+                            "VERISPEC_API_KEY environment variable; unset: no key)")
+    serve.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    serve.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
+                       help=f"larger request bodies get HTTP 413 (default {defaults.max_body_bytes})")
     serve.add_argument("--no-spec", action="store_true", help="plain decoding, as --method none (and as generate)")
     serve.add_argument("--gamma", type=int, default=spec.gamma,
                        help=f"drafts per round; with --adaptive the most tried (default {spec.gamma})")
@@ -90,8 +97,12 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         spec = SpecConfig(method="none")
     else:
         spec = SpecConfig(method="chain", gamma=args.gamma, drafter="ngram" if args.method == "ngram" else "model")
+    if args.max_body_bytes < 1024:
+        raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY") or None
     return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout,
-                              max_model_len=args.max_model_len)
+                              max_model_len=args.max_model_len, api_key=api_key,
+                              metrics_public=args.metrics_public, max_body_bytes=args.max_body_bytes)
 
 
 def run_serve(args: argparse.Namespace) -> int:

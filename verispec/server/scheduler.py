@@ -40,6 +40,9 @@ class ServerConfig:
     # Tokens (prompt + output) a request may hold: the KV cache is preallocated for max_batch rows of this
     # many positions (SmolLM2's 8,192 would take ~377 MB per row in fp32, 24 GB for 64 rows).
     max_model_len: int = 2048
+    api_key: str | None = None  # requests must send "Authorization: Bearer <key>" (/health always open)
+    metrics_public: bool = False  # /metrics without the key
+    max_body_bytes: int = 1 << 20  # larger request bodies get HTTP 413 before they are read
     max_queue: int = 256  # requests allowed to wait beyond the free batch rows; more get HTTP 429
     timeout_s: float = 600.0  # per request, from arrival to the last token; then abort + HTTP 504
     shutdown_s: float = 30.0  # on shutdown, in-flight requests get this long to finish, then are aborted
