@@ -312,25 +312,34 @@ def _sse_data(body: dict) -> str:
 def _add_guard(app: FastAPI, config: ServerConfig) -> None:
     """Access control and the body limit, before a request is read: without ``Authorization: Bearer KEY``
     every path but /health (and /metrics with ``metrics_public``) answers 401; a declared body over
-    ``max_body_bytes`` answers 413."""
-    import hmac
+    ``max_body_bytes`` answers 413. A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` would
+    hide client disconnects from the handlers, which abort a request's sequence on them."""
+    app.add_middleware(_Guard, config=config)
 
-    open_paths = {"/health"} | ({"/metrics"} if config.metrics_public else set())
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if config.api_key and request.url.path not in open_paths:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-                return JSONResponse(schemas.error_body("a valid API key is needed: send the header "
-                                                       "'Authorization: Bearer <key>'", code="invalid_api_key"),
-                                    status_code=401)
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > config.max_body_bytes:
-            return JSONResponse(schemas.error_body(f"the request body is {int(declared)} bytes; this server takes "
-                                                   f"at most {config.max_body_bytes}", code="body_too_large"),
-                                status_code=413)
-        return await call_next(request)
+class _Guard:
+    def __init__(self, app, config: ServerConfig):
+        self.app, self.config = app, config
+        self.open_paths = {"/health"} | ({"/metrics"} if config.metrics_public else set())
+        self.expected = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        import hmac
+
+        headers = dict(scope.get("headers") or ())
+        if self.expected is not None and scope.get("path") not in self.open_paths \
+                and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            body = schemas.error_body("a valid API key is needed: send the header 'Authorization: Bearer <key>'",
+                                      code="invalid_api_key")
+            return await JSONResponse(body, status_code=401)(scope, receive, send)
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            body = schemas.error_body(f"the request body is {int(declared)} bytes; this server takes at most "
+                                      f"{self.config.max_body_bytes}", code="body_too_large")
+            return await JSONResponse(body, status_code=413)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
