@@ -535,7 +535,8 @@ def test_serve_command_errors(capsys, tmp_path, byte_pair):
     assert "verispec profile --calibrate" in capsys.readouterr().err
 
 
-def test_serve_subprocess_answers_and_shuts_down_on_sigint(byte_pair):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_serve_subprocess_answers_and_shuts_down_on_a_signal(byte_pair, stop_signal):
     target, draft = byte_pair
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -553,7 +554,7 @@ def test_serve_subprocess_answers_and_shuts_down_on_sigint(byte_pair):
                                                max_tokens=6, temperature=0)
         assert reply.usage.completion_tokens <= 6
     finally:
-        proc.send_signal(signal.SIGINT)  # graceful shutdown, exit status 0
+        proc.send_signal(stop_signal)  # graceful shutdown, exit status 0 either way
         try:
             code = proc.wait(30)
         except subprocess.TimeoutExpired:

@@ -21,6 +21,7 @@ import asyncio
 import copy
 import json
 import logging
+import signal
 import time
 from contextlib import asynccontextmanager
 
@@ -61,6 +62,11 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         await asyncio.to_thread(self.config.app.state.scheduler.shutdown)
         await super().shutdown(sockets)
+        # uvicorn re-raises the signal that stopped it once it is done; SIGTERM would then kill the
+        # process with -15 after a clean, complete shutdown. Exit 0 instead, as after Ctrl-C.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured[:] = [number for number in captured if number != signal.SIGTERM]
 
 
 def default_model_name(pair: ModelPair) -> str:
