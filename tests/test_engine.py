@@ -223,3 +223,18 @@ def test_policy_is_not_charged_for_the_drafts_backlog(models):
     # after gamma 0 is a one-off cost of switching back, left out of both.
     assert len(policy.charged) == 1 and policy.charged[0][0] == 0
     assert policy.charged[0][1] == pytest.approx(rounds[0].total_s - charged[0])
+
+
+@pytest.mark.parametrize("tree", ["s3_k2_d6", "dynamic:8"])
+def test_trees_at_the_context_limit(models, tree):
+    """prompt + max_tokens equal to the model's context: the last rounds draft what still fits instead of
+    writing a whole tree past the cache, and greedy output still equals plain decoding."""
+    from verispec.drafters import DraftModelDrafter
+
+    target, draft = models["llama"], models["draft"]
+    room = target.config.max_context
+    prompt = (PROMPT * room)[:room - 13]
+    expected = plain(target, prompt, max_tokens=13).tokens
+    spec = SpecConfig(method="tree", tree=tree)
+    result = SpecEngine(target, DraftModelDrafter(draft)).generate(prompt, GREEDY, spec, StopRules(max_tokens=13))
+    assert result.tokens == expected and len(result.tokens) == 13

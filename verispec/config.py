@@ -97,6 +97,13 @@ class TreeShape:
     def num_drafts(self) -> int:
         return self.budget - 1
 
+    @property
+    def cache_positions(self) -> int:
+        """The most positions one round of this shape writes past the committed context: its nodes in
+        the target's cache, or the levels a dynamic tree stages in the draft's (``branching`` per level)."""
+        staged = self.branching * (self.depth - 1) if self.dynamic else self.depth - 1
+        return max(self.num_drafts, staged) + 1
+
 
 @dataclass(frozen=True)
 class SpecConfig:

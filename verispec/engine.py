@@ -135,7 +135,9 @@ class Generation:
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
-        elif self.spec.method == "tree":
+        elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= remaining:
+            # A tree's pass writes all its nodes to the cache; near the end of the budget (and so of the
+            # context) the round drafts a chain of what is left instead, verified as exactly.
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
                                             self.sampling, self.generator)
         else:
