@@ -153,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", choices=["chain", "tree", "ngram", "self"], default="chain",
-                        help="chain: a draft model proposes gamma tokens in a line; tree: it proposes a "
-                             "candidate tree (see --tree); ngram: no draft model, continuations of the "
+    parser.add_argument("--method", choices=["model", "chain", "tree", "ngram", "self"], default="model",
+                        help="model (default): the draft model proposes, a chain of gamma tokens or, with "
+                             "--tree, a candidate tree (chain and tree name those two); ngram: no draft model, continuations of the "
                              "last n tokens found earlier in the context (a chain, or a tree of several "
                              "matches when --tree is given); self: the target's first --exit-layer layers "
                              "draft (LayerSkip self-speculation, no draft model)")
@@ -196,7 +196,7 @@ def spec_from_args(args):
 
     if args.no_spec:
         return SpecConfig(method="none")
-    shape = "tree" if args.method == "tree" or (args.method == "ngram" and args.tree) else "chain"
+    shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram") and args.tree) else "chain"
     return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=args.gamma_policy,
                       tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit"}.get(args.method, "model"),

@@ -135,9 +135,9 @@ class Generation:
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
-        elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= remaining:
-            # A tree's pass writes all its nodes to the cache; near the end of the budget (and so of the
-            # context) the round drafts a chain of what is left instead, verified as exactly.
+        elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= self._cache_room():
+            # A tree's pass writes all its nodes to the cache; near the end of the context the round
+            # drafts a chain of what is left instead, verified as exactly.
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
                                             self.sampling, self.generator)
         else:
@@ -150,6 +150,14 @@ class Generation:
         if record.drafted:  # the drafter read this round (its figures are the last read's)
             record.draft_read_s = getattr(drafter, "prompt_s", 0.0) + getattr(drafter, "backlog_s", 0.0)
         return proposal
+
+    def _cache_room(self) -> int:
+        """Positions the target's cache (and the draft model's, when one drafts) can still take."""
+        limit = self.engine.target.config.max_context
+        draft = getattr(self.engine.drafter, "model", None)
+        if draft is not None:
+            limit = min(limit, draft.config.max_context)
+        return limit - len(self.context)
 
     def _gamma(self) -> int:
         policy = self.engine.gamma_policy

@@ -14,7 +14,7 @@ from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.server.scheduler import ServerConfig
 
-METHODS = ("chain", "ngram", "none")
+METHODS = ("model", "chain", "ngram", "none")  # model and chain: the draft model's chain
 
 
 def add_parser(commands) -> None:
@@ -28,8 +28,9 @@ def add_parser(commands) -> None:
 
     add_model_options(serve)
     add_threads_option(serve)
-    serve.add_argument("--method", choices=METHODS, default="chain",
-                       help="chain: the draft model proposes --gamma tokens per round; ngram: continuations "
+    serve.add_argument("--method", choices=METHODS, default="model",
+                       help="model (default; chain is the same): the draft model proposes --gamma tokens per round, "
+                            "a chain; ngram: continuations "
                             "found earlier in the context (no draft model); none: plain decoding")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every request but /health (default: the "
