@@ -90,6 +90,18 @@ def test_self_variants_can_sweep_the_exit_layer():
             parse_variant(bad, spec)
 
 
+def test_eagle_variants_name_the_head_and_its_shape():
+    spec = BenchConfig().spec  # budget 5
+    chain = parse_variant("eagle", spec)
+    assert (chain.spec.drafter, chain.spec.method, chain.spec.gamma) == ("eagle", "chain", 4)
+    assert chain.needs_eagle and not chain.needs_draft and chain.batchable and chain.matched_budget
+    tree = parse_variant("eagle-tree:dynamic:16", spec)
+    assert (tree.spec.drafter, tree.spec.tree, tree.num_drafts) == ("eagle", "dynamic:16", 15)
+    assert not tree.batchable and not tree.matched_budget and parse_variant("eagle-tree:s2_k2_d5", spec).matched_budget
+    with pytest.raises(VerispecError):
+        parse_variant("eagle-tree", spec)
+
+
 def test_bench_flags_override_defaults_only_when_given():
     from verispec.bench.cli import overrides_from_args
     from verispec.cli import build_parser

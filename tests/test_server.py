@@ -627,3 +627,27 @@ def test_api_key_and_body_limit(pair):
         assert caught.value.code == 413 and "at most 4096" in caught.value.read().decode()
     with serving(create_app(pair, SpecConfig(gamma=2), ServerConfig(max_batch=2, api_key="k", metrics_public=True))) as live:
         assert http(f"{live.url}/metrics")[0] == 200
+
+
+def test_eagle_is_served_losslessly(byte_pair, tmp_path):
+    """serve --method eagle: the head drafts for every row from the batched verification's features;
+    concurrent greedy requests through the official client equal the target's own greedy text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_eagle import frozen_head
+    from verispec.models.eagle import save_eagle
+
+    plain_pair = load_pair(*byte_pair)
+    save_eagle(frozen_head(plain_pair.target, 64, accelerate=False), tmp_path / "head", "test")
+    eagle_pair = load_pair(byte_pair[0], need_draft=False, need_eagle=True, eagle_dir=tmp_path / "head")
+    spec = SpecConfig(gamma=3, drafter="eagle")
+    with serving(create_app(eagle_pair, spec, ServerConfig(max_batch=4, timeout_s=60))) as live:
+        client = live.client()
+        prompts = ["Hello", "The cat", "def f(x):", "1, 2, 3,", "abc"]
+        with ThreadPoolExecutor(5) as pool:
+            texts = list(pool.map(lambda p: greedy(client, p, 16).choices[0].text, prompts))
+        assert live.metric("verispec:spec_decode_num_draft_tokens_total") > 0
+    for prompt, text in zip(prompts, texts):
+        alone = SpecEngine(plain_pair.target).generate(
+            list(plain_pair.tokenizer.encode(prompt, add_special_tokens=False)), **_greedy_args(16))
+        assert text == plain_pair.tokenizer.decode(alone.tokens, skip_special_tokens=True), prompt

@@ -372,7 +372,7 @@ def run_command(args) -> int:
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft)
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, **cli.eagle_args(args, spec))
     texts = list(args.prompt)
     if not texts and not id_prompts:
         texts = list(BUILTIN_PROMPTS if args.thorough else BUILTIN_PROMPTS[:1])

@@ -16,7 +16,8 @@ draft model reads a sequence lazily, when it first drafts for it, so rounds at g
 plain decoding costs: no draft prefill, no draft catch-up. Before a round that would make it read a
 backlog, the policy may refuse the switch (``afford_switch``: the reads must repay themselves over the
 rows' remaining tokens, or fit an exploration budget).
-Chains with a draft model or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
+Chains with a draft model, an EAGLE head (each row's head drafts in turn; the features come from the
+batched verification) or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from verispec.adaptive import (AcceptanceCounts, Backlog, FixedGamma, afford_swi
                                report_finished)
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length, head_args
+from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
+from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
@@ -74,17 +77,21 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     draft_seen: list[int] = field(default_factory=list)
     acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    eagle: EagleDrafter | None = None  # this row's feature drafter (its own head cache), --method eagle
 
 
 class BatchEngine:
     def __init__(self, target: LlamaForCausalLM, draft: LlamaForCausalLM | None = None,
                  spec: SpecConfig = SpecConfig(), max_batch: int = 64, max_len: int | None = None,
-                 decode: Decode | None = None, gamma_policy=None):
+                 decode: Decode | None = None, gamma_policy=None, eagle: EagleHead | None = None):
         if spec.enabled and (spec.method != "chain" or spec.drafter == "early_exit"):
-            raise VerispecError("batched decoding supports chains from a draft model or n-gram lookup; "
-                                "trees and self-speculation run one request at a time (verispec generate)")
+            raise VerispecError("batched decoding supports chains from a draft model, an EAGLE head or n-gram "
+                                "lookup; trees and self-speculation run one request at a time (verispec generate)")
         if spec.enabled and spec.drafter == "model" and draft is None:
             raise VerispecError("speculation with a draft model needs --draft")
+        if spec.enabled and spec.drafter == "eagle" and eagle is None:
+            raise VerispecError("--method eagle needs a head (--eagle DIR)")
+        self.eagle = eagle if spec.enabled and spec.drafter == "eagle" else None
         self.target, self.spec, self.decode = target, spec, decode
         self.draft = draft if spec.enabled and spec.drafter == "model" else None
         self.head = head_args(spec.draft_vocab)  # the draft's logits: its first ids only, if limited
@@ -127,11 +134,19 @@ class BatchEngine:
         row = len(self.rows)
         self.cache.set_length(row, 0)
         view = self.cache.row_view(row)
-        logits = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True)[0, -1].cpu()
-        view.commit(0, len(request.prompt_ids))
-        self.cache.sync_row(row, view)
         sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
                              RequestStats(prompt_tokens=len(request.prompt_ids)), started, started)
+        if self.eagle is not None:  # the head reads the prompt's features from the prefill itself
+            logits, features = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True,
+                                                   with_features=True)
+            sequence.eagle = EagleDrafter(self.eagle, self.max_len)
+            sequence.eagle.reset()
+            sequence.eagle.observe(features[0])
+        else:
+            logits = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True)
+        logits = logits[0, -1].cpu()
+        view.commit(0, len(request.prompt_ids))
+        self.cache.sync_row(row, view)
         first = sample_from(logits_to_probs(logits, request.sampling), sequence.generator)
         if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
             self.draft_cache.set_length(row, 0)
@@ -214,6 +229,11 @@ class BatchEngine:
             return [[] for _ in self.rows], [None] * len(self.rows)
         if self.ngram is not None:
             return [self.ngram.lookup(s.context, k) for s, k in zip(self.rows, num_drafts)], [None] * len(self.rows)
+        if self.eagle is not None:  # each row's head drafts in turn (a head step is a fraction of a target step)
+            proposals = [s.eagle.propose(s.context, k, s.request.sampling, s.generator) if k else None
+                         for s, k in zip(self.rows, num_drafts)]
+            return ([p.tokens.tolist() if p is not None else [] for p in proposals],
+                    [p.probs if p is not None else None for p in proposals])
         view = self.draft_cache.prefix_view(len(self.rows))
         unseen = [s.context[len(s.draft_seen):] for s in self.rows]
         width = max(len(u) for u in unseen)
@@ -290,7 +310,11 @@ class BatchEngine:
         width = max(num_drafts) + 1
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
-        logits = self.target.forward(torch.tensor(rows), view).cpu()  # (B, width, V); verified on the CPU
+        if self.eagle is not None:  # the rows' features ride along for their heads
+            logits, features = self.target.forward(torch.tensor(rows), view, with_features=True)
+            logits = logits.cpu()
+        else:
+            logits = self.target.forward(torch.tensor(rows), view).cpu()  # (B, width, V); verified on the CPU
         argmax = greedy_ids(logits)
         verdicts = []
         for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):
@@ -303,6 +327,8 @@ class BatchEngine:
                                              draft_probs=draft_probs[row], target_probs=target_probs,
                                              generator=sequence.generator))
             view.commit(row, 1 + verdicts[-1].num_accepted)
+            if sequence.eagle is not None:
+                sequence.eagle.observe(features[row, :1 + verdicts[-1].num_accepted])
         self.cache.sync_prefix(view)
         return verdicts
 

@@ -153,12 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", choices=["model", "chain", "tree", "ngram", "self"], default="model",
+    parser.add_argument("--method", choices=["model", "chain", "tree", "ngram", "self", "eagle"], default="model",
                         help="model (default): the draft model proposes, a chain of gamma tokens or, with "
                              "--tree, a candidate tree (chain and tree name those two); ngram: no draft model, continuations of the "
                              "last n tokens found earlier in the context (a chain, or a tree of several "
                              "matches when --tree is given); self: the target's first --exit-layer layers "
-                             "draft (LayerSkip self-speculation, no draft model)")
+                             "draft (LayerSkip self-speculation, no draft model); eagle: a feature head drafts "
+                             "from the target's own hidden states (--eagle DIR, default the head shipped for "
+                             "the named target), a chain or, with --tree, a static or dynamic tree")
     parser.add_argument("--exit-layer", type=int, default=2, help="self: layers that draft (default 2)")
     parser.add_argument("--gamma", type=int, default=4, help="chain drafts per round (default 4; the maximum "
                                                              "with --gamma-policy adaptive|hf)")
@@ -181,6 +183,9 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_draft_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--eagle", default=None, metavar="DIR",
+                        help="--method eagle: the head's directory (default: the head shipped for --target "
+                             "smollm2 or tiny)")
     parser.add_argument("--draft-weights", choices=("int8", "native"), default="int8",
                         help="int8 (default): the draft model's linear layers run with int8 weights (and on "
                              "AMX-INT8 CPUs int8 inputs), half the bytes per draft step; lossless either way, "
@@ -196,11 +201,16 @@ def spec_from_args(args):
 
     if args.no_spec:
         return SpecConfig(method="none")
-    shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram") and args.tree) else "chain"
+    shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram", "eagle") and args.tree) else "chain"
     return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=args.gamma_policy,
                       tree=args.tree or "s3_k2_d6", sibling_mode=args.sibling_mode,
-                      drafter={"ngram": "ngram", "self": "early_exit"}.get(args.method, "model"),
+                      drafter={"ngram": "ngram", "self": "early_exit", "eagle": "eagle"}.get(args.method, "model"),
                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)
+
+
+def eagle_args(args, spec) -> dict:
+    """``load_pair``'s keywords for the EAGLE head: asked for when ``spec`` drafts with it."""
+    return {"need_eagle": spec.enabled and spec.drafter == "eagle", "eagle_dir": getattr(args, "eagle", None)}
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +268,7 @@ def _run_generate(args) -> int:
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
-                     draft_weights=args.draft_weights)
+                     draft_weights=args.draft_weights, **eagle_args(args, spec))
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     tokenizer = pair.tokenizer

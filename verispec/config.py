@@ -18,8 +18,8 @@ SIBLING_MODES: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
 DYNAMIC_TREE_DEPTH, DYNAMIC_TREE_TOPK = 6, 4
 GammaPolicy = Literal["fixed", "adaptive", "hf"]
 GAMMA_POLICIES: tuple[str, ...] = ("fixed", "adaptive", "hf")
-DrafterKind = Literal["model", "ngram", "early_exit"]
-DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit")
+DrafterKind = Literal["model", "ngram", "early_exit", "eagle"]
+DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit", "eagle")
 
 
 @dataclass(frozen=True)

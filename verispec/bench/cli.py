@@ -36,6 +36,8 @@ def add_parser(commands) -> None:
                        help="auto (default): offline, plus serving when --url/--serve or endpoints are configured")
     add_model_options(bench)
     bench.add_argument("--tokenizer", metavar="DIR", help="tokenizer dir (default: the target's)")
+    bench.add_argument("--eagle", metavar="DIR", help="EAGLE head for eagle variants (default: the one shipped for "
+                                                      "a named target)")
     bench.add_argument("--precision", choices=["float32", "bfloat16", "float16"], help="weights dtype (float32)")
     bench.add_argument("--threads", type=int, help="torch threads (0 = torch default)")
     add_sampling_options(bench)
@@ -86,7 +88,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         raise VerispecError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
     return {
         "name": args.name, "out": args.out, "mode": args.mode, "plots": False if args.no_plots else None,
-        "models": {"target": args.target, "draft": args.draft, "tokenizer": args.tokenizer, "device": args.device,
+        "models": {"target": args.target, "draft": args.draft, "eagle": args.eagle, "tokenizer": args.tokenizer, "device": args.device,
                    "backend": args.backend, "precision": args.precision, "threads": args.threads},
         "prompts": {"workloads": split(args.workloads), "per_workload": args.per_workload,
                     "sharegpt_path": args.sharegpt, "template": args.template,

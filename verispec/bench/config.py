@@ -42,6 +42,7 @@ CACHE_POLICY = ("native: preallocated per request (prompt + max_tokens + drafts 
 class ModelSettings:
     target: str | None = None  # a name (smollm2, tiny) or path; None: smollm2
     draft: str | None = None
+    eagle: str | None = None  # the EAGLE head for eagle variants; None: the one shipped for a named target
     tokenizer: str | None = None  # None: the target's
     precision: str = "float32"
     device: str = "cpu"
@@ -148,13 +149,17 @@ class Variant:
     @property
     def batchable(self) -> bool:
         spec = self.spec
-        return self.kind == "native" and (not spec.enabled or (spec.method == "chain" and spec.drafter != "early_exit"))
+        return self.kind == "native" and (not spec.enabled or (spec.method == "chain" and spec.drafter in ("model", "ngram", "eagle")))
 
     @property
     def needs_draft(self) -> bool:
         if self.kind == "peer":
             return self.peer == "assisted"
         return self.spec.enabled and self.spec.drafter == "model"
+
+    @property
+    def needs_eagle(self) -> bool:
+        return self.kind == "native" and self.spec.enabled and self.spec.drafter == "eagle"
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,8 @@ QUICK_PRESET = {
 
 
 def parse_variant(name: str, spec: SpecSettings) -> Variant:
-    """``off | chain[:G] | tree:SHAPE | ngram[:G] | self[:G][@E] | hf | hf_assisted | hf_prompt_lookup``.
+    """``off | chain[:G] | tree:SHAPE | ngram[:G] | self[:G][@E] | eagle[:G] | eagle-tree:SHAPE | hf |
+    hf_assisted | hf_prompt_lookup`` (eagle: the target's feature head, ``--method eagle``).
     Chains default to G = budget - 1 drafts, i.e. the same D verified nodes per round as the trees;
     ``self@E`` drafts from exit layer E (default: spec.exit_layer), so one run can sweep E."""
     gamma = spec.budget - 1
@@ -216,15 +222,16 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
     try:
         if name == "off":
             return Variant(name, "native", SpecConfig(method="none"))
-        if head in ("chain", "ngram", "self"):
+        if head in ("chain", "ngram", "self", "eagle"):
             gamma = int(arg) if arg else gamma
-            drafter = {"chain": "model", "ngram": "ngram", "self": "early_exit"}[head]
+            drafter = {"chain": "model", "ngram": "ngram", "self": "early_exit", "eagle": "eagle"}[head]
             config = SpecConfig(method="chain", gamma=gamma, drafter=drafter, ngram_max=spec.ngram_max,
                                 ngram_min=spec.ngram_min, exit_layer=exit_layer)
             return Variant(name, "native", config, None, gamma, gamma + 1, gamma + 1 == spec.budget)
-        if head == "tree" and arg:
+        if head in ("tree", "eagle-tree") and arg:
             shape = TreeShape.parse(arg)
-            config = SpecConfig(method="tree", tree=arg, sibling_mode=spec.sibling_mode)
+            config = SpecConfig(method="tree", tree=arg, sibling_mode=spec.sibling_mode,
+                                drafter="eagle" if head == "eagle-tree" else "model")
             return Variant(name, "native", config, None, shape.num_drafts, shape.budget, shape.budget == spec.budget)
         if name in PEER_KINDS:
             peer = PEER_KINDS[name]
@@ -233,7 +240,7 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
     except ValueError:
         pass
     raise VerispecError(f"unknown variant {name!r}; use off, chain[:G], tree:sN_kK_dD, tree:dynamic:D, ngram[:G], "
-                        "self[:G][@E], hf, hf_assisted or hf_prompt_lookup")
+                        "self[:G][@E], eagle[:G], eagle-tree:SHAPE, hf, hf_assisted or hf_prompt_lookup")
 
 
 def _validate(config: BenchConfig) -> None:

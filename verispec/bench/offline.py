@@ -163,7 +163,7 @@ class NativeRunner:
         if engine is None or engine.max_len < longest:
             max_len = min(self.pair.target.config.max_context, longest)
             engine = BatchEngine(self.pair.target, self.pair.draft, self.variant.spec, max_batch=concurrency,
-                                 max_len=max_len, decode=self.decode)
+                                 max_len=max_len, decode=self.decode, eagle=self.pair.eagle)
             self.batch_engines[concurrency] = engine
         return engine
 

@@ -182,7 +182,8 @@ def _load_pair(config: BenchConfig, variants: list[Variant]) -> ModelPair:
         raise VerispecError("the variants chain, tree:* and hf_assisted need a draft: set models.draft (--draft) "
                             "or keep only off, ngram, self, hf and hf_prompt_lookup")
     pair = load_pair(m.target, m.draft, device=m.device, need_draft=needs_draft, backend=m.backend,
-                     draft_weights=config.spec.draft_weights)
+                     draft_weights=config.spec.draft_weights, need_eagle=any(v.needs_eagle for v in variants),
+                     eagle_dir=m.eagle)
     if m.precision != "float32":
         dtype = getattr(torch, m.precision)
         for model in (pair.target, pair.draft):

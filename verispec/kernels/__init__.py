@@ -200,7 +200,8 @@ def library() -> ctypes.CDLL | None:
                                + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
                                + [ctypes.c_long] * 2 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                                                         ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,
-                                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int])
+                                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                                        ctypes.c_int])
     lib.decoder_layers.restype = ctypes.c_int
     lib.decoder_layers.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
                                    + [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
@@ -850,12 +851,14 @@ class PassArgs:
         return self.heads[rows]
 
 
-def model_pass(args: PassArgs, cache, tokens: torch.Tensor, head: tuple) -> torch.Tensor:
+def model_pass(args: PassArgs, cache, tokens: torch.Tensor, head: tuple,
+               features: torch.Tensor | None = None) -> torch.Tensor:
     """One row's pass in one call (``model_pass`` in the C source): tokens (1, T) contiguous int64 CPU
     ids placed after the row's committed slots in ``cache`` (the one ``args`` is current for), through
     the embedding, the plan's layers, the final norm and the head (``head``: ``args.head_for(rows)``;
     its first head rows ids, the rest of the vocabulary -inf). Logits (1, rows, vocab), rows 1 with ``last_only``, else T. The caller checked
-    ``args.current``, the rows (at most ``max_fused()``) and the room in the cache."""
+    ``args.current``, the rows (at most ``max_fused()``) and the room in the cache. ``features``: a
+    contiguous float32 (1, T, H) tensor that receives every token's final-normed hidden state."""
     num_new = tokens.shape[1]
     rows = 1 if args.last_only else num_new
     logits = torch.empty(1, rows, args.vocab, dtype=torch.float32)
@@ -865,7 +868,8 @@ def model_pass(args: PassArgs, cache, tokens: torch.Tensor, head: tuple) -> torc
     status = library().model_pass(
         tokens.data_ptr(), num_new, *args.layers, ctypes.addressof(args.plan.array_for(num_new)),
         len(args.plan.weights), args.cos + offset, args.sin + offset, *args.kv, args.lengths_ptr, first + num_new, *args.norm, *head,
-        args.vocab, int(args.last_only), logits.data_ptr(), torch.get_num_threads())
+        args.vocab, int(args.last_only), logits.data_ptr(), None if features is None else features.data_ptr(),
+        torch.get_num_threads())
     if status == 2:
         raise IndexError(f"a token id is outside the embedding's {args.layers[1]} rows")
     if status:

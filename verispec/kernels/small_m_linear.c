@@ -796,7 +796,8 @@ int decoder_layers(float *x, long B, long T, long H, long heads, long kv_heads, 
  * the final norm and the LM head, for the last token (last_only) or every token. What the Python
  * forward does with these same functions, so the same bits, without its per-step dispatch (a third of
  * a draft step on the Xeon). The head's first head_rows outputs are computed into logits rows of
- * vocab values; the rest are -inf (a draft limited to its first ids). Returns 0; 2 when a token id is
+ * vocab values; the rest are -inf (a draft limited to its first ids). With ``features`` (T x H, or NULL)
+ * every token's final-normed hidden state is written there too (what the head reads). Returns 0; 2 when a token id is
  * outside 0 .. embed_rows - 1 (nothing done); 1 when scratch memory failed. The cache's length is the
  * caller's either way. */
 int model_pass(const long *tokens, long T, const float *embedding, long embed_rows, long H, long heads,
@@ -804,20 +805,22 @@ int model_pass(const long *tokens, long T, const float *embedding, long embed_ro
                long I, float eps, const layer_weights *layers, long count, const float *cos, const float *sin,
                float *keys, float *values, long layer_stride, long max_len, const long *lengths, long S,
                const float *final_norm, float norm_eps, const void *w_head, int head_type, long head_rows,
-               long vocab, int last_only, float *logits, int threads) {
+               long vocab, int last_only, float *logits, float *features, int threads) {
     for (long t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= embed_rows) return 2;
     const long rows = last_only ? 1 : T;
-    float *x = malloc(sizeof(float) * T * H), *h = malloc(sizeof(float) * rows * H);
+    float *x = malloc(sizeof(float) * T * H), *h = features ? NULL : malloc(sizeof(float) * rows * H);
     float *part = head_rows < vocab ? malloc(sizeof(float) * rows * head_rows) : logits;
     int status = 1;
-    if (!x || !h || !part) goto done;
+    if (!x || (!h && !features) || !part) goto done;
     for (long t = 0; t < T; t++) memcpy(x + t * H, embedding + tokens[t] * H, sizeof(float) * H);
     if (decoder_layers(x, 1, T, H, heads, kv_heads, D, I, eps, layers, count, cos, sin, keys, values, layer_stride,
                        max_len, lengths, S, NULL, threads))
         goto done;
-    rms_norm(x + (T - rows) * H, final_norm, h, rows, H, norm_eps);
-    if (run(h, w_head, head_type, part, NULL, rows, H, head_rows, threads)) goto done;
+    if (features) rms_norm(x, final_norm, features, T, H, norm_eps);  /* every token's, for a feature drafter */
+    else rms_norm(x + (T - rows) * H, final_norm, h, rows, H, norm_eps);
+    if (run(features ? features + (T - rows) * H : h, w_head, head_type, part, NULL, rows, H, head_rows, threads))
+        goto done;
     if (part != logits)
         for (long r = 0; r < rows; r++) {
             memcpy(logits + r * vocab, part + r * head_rows, sizeof(float) * head_rows);

@@ -228,7 +228,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None = None,
                 depths: torch.Tensor | None = None, last_only: bool = False,
-                num_layers: int | None = None, staged: int = 0, vocab_limit: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, staged: int = 0, vocab_limit: int | None = None,
+                with_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, V) for T new tokens (B, T) placed after each row's committed slots.
 
         tree_mask: (T, T) or (B, T, T) bool, new token t may see new token j; default causal. With
@@ -238,25 +239,33 @@ class LlamaForCausalLM(nn.Module):
         minus ``staged``; default staged..staged+T-1. last_only: return only the last position's
         logits (prefill). num_layers: run only the first E layers, then the final norm and LM head
         (early-exit drafting). vocab_limit: logits only for ids < N, the rest -inf (``logits``).
+        with_features: also return every new token's final-normed hidden state (B, T, H), the vector
+        the LM head reads (what a feature drafter such as ``models.eagle`` drafts from): the same
+        pass, the same logits.
         """
         if tokens.shape[0] == 1 and tree_mask is None and depths is None and not staged \
                 and (num_layers is None or num_layers == self.config.num_hidden_layers):
-            logits = self._one_call(tokens, cache, last_only, vocab_limit)
-            if logits is not None:
-                return logits
-        return self._steps(tokens, cache, tree_mask, depths, last_only, num_layers, staged, vocab_limit)
+            out = self._one_call(tokens, cache, last_only, vocab_limit, with_features)
+            if out is not None:
+                return out
+        return self._steps(tokens, cache, tree_mask, depths, last_only, num_layers, staged, vocab_limit,
+                           with_features)
 
     @torch.inference_mode()
     def _steps(self, tokens: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None, depths: torch.Tensor | None,
-               last_only: bool, num_layers: int | None, staged: int, vocab_limit: int | None) -> torch.Tensor:
+               last_only: bool, num_layers: int | None, staged: int, vocab_limit: int | None,
+               with_features: bool = False):
         """``forward`` piece by piece: embedding, ``run_layers``, final norm and head."""
         stop = self.config.num_hidden_layers if num_layers is None else num_layers
         tokens = tokens.to(self.lm_head.weight.device)  # callers build ids on the CPU
         hidden = self.run_layers(self.model.embed_tokens(tokens), cache, 0, stop, tree_mask, depths, staged)
-        return self.logits(hidden[:, -1:] if last_only else hidden, vocab_limit)
+        if not with_features:
+            return self.logits(hidden[:, -1:] if last_only else hidden, vocab_limit)
+        features = self.model.norm(hidden)
+        return self.head_logits(features[:, -1:] if last_only else features, vocab_limit), features
 
     def _one_call(self, tokens: torch.Tensor, cache: KVCache, last_only: bool,
-                  vocab_limit: int | None) -> torch.Tensor | None:
+                  vocab_limit: int | None, with_features: bool = False):
         """One row's whole pass as one native call (``kernels.model_pass``: embedding, every layer,
         final norm, LM head), the same arithmetic as the steps without their Python dispatch, with its
         fixed arguments prepared once (``kernels.PassArgs``, rebuilt when anything it was built from
@@ -286,7 +295,10 @@ class LlamaForCausalLM(nn.Module):
         head_args = args.head_for(1 if last_only else num_new)
         if head_args is None:
             return None
-        return kernels.model_pass(args, cache, tokens.contiguous(), head_args)
+        if not with_features:
+            return kernels.model_pass(args, cache, tokens.contiguous(), head_args)
+        features = torch.empty(1, num_new, self.config.hidden_size, dtype=torch.float32)
+        return kernels.model_pass(args, cache, tokens.contiguous(), head_args, features), features
 
     def _prepare_pass(self, key, embedding, tables, cache, norm, head) -> "kernels.PassArgs | None":
         self._pass_args.pop(key, None)
@@ -377,7 +389,11 @@ class LlamaForCausalLM(nn.Module):
         and the rest get -inf: a draft that proposes only its N first tokens (by a BPE tokenizer's
         merge order, the most frequent ones) for a fraction of the head's cost. Any draft distribution
         keeps speculative sampling lossless; a target token outside the N is simply never drafted."""
-        normed = self.model.norm(hidden)
+        return self.head_logits(self.model.norm(hidden), vocab_limit)
+
+    def head_logits(self, normed: torch.Tensor, vocab_limit: int | None = None) -> torch.Tensor:
+        """``logits`` after the final norm: the LM head (or its first ``vocab_limit`` rows, the rest -inf)
+        on final-normed hidden states (..., H)."""
         if vocab_limit is None or vocab_limit >= self.config.vocab_size:
             return self.lm_head(normed)
         part = self._limited_head(vocab_limit)(normed)

@@ -14,7 +14,7 @@ from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.server.scheduler import ServerConfig
 
-METHODS = ("model", "chain", "ngram", "none")  # model and chain: the draft model's chain
+METHODS = ("model", "chain", "ngram", "eagle", "none")  # model and chain: the draft model's chain
 
 
 def add_parser(commands) -> None:
@@ -31,7 +31,8 @@ def add_parser(commands) -> None:
     serve.add_argument("--method", choices=METHODS, default="model",
                        help="model (default; chain is the same): the draft model proposes --gamma tokens per round, "
                             "a chain; ngram: continuations "
-                            "found earlier in the context (no draft model); none: plain decoding")
+                            "found earlier in the context (no draft model); eagle: the target's feature head "
+                            "(--eagle DIR, default the head shipped for the named target), a chain; none: plain decoding")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every request but /health (default: the "
                             "VERISPEC_API_KEY environment variable; unset: no key)")
@@ -97,7 +98,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
             raise VerispecError("--adaptive chooses how many drafts to verify; it needs --method chain or ngram")
         spec = SpecConfig(method="none")
     else:
-        spec = SpecConfig(method="chain", gamma=args.gamma, drafter="ngram" if args.method == "ngram" else "model")
+        spec = SpecConfig(method="chain", gamma=args.gamma,
+                          drafter={"ngram": "ngram", "eagle": "eagle"}.get(args.method, "model"))
     if args.max_body_bytes < 1024:
         raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY") or None
@@ -119,7 +121,8 @@ def run_serve(args: argparse.Namespace) -> int:
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
-                     backend=args.backend, draft_weights=args.draft_weights)
+                     backend=args.backend, draft_weights=args.draft_weights,
+                     need_eagle=spec.enabled and spec.drafter == "eagle", eagle_dir=args.eagle)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     profile = None

@@ -1,10 +1,12 @@
-"""Command line for the default-pair recipes: ``verispec train tokenizer | target | draft``.
+"""Command line for the default-pair recipes: ``verispec train tokenizer | target | draft | eagle``.
 
     $ python -m verispec.train.train tokenizer                       # -> runs/tokenizer/model
     $ python -m verispec.train.train target --minutes 75             # -> verispec/data/target, runs/target
     $ python -m verispec.train.train draft --minutes 30              # -> verispec/data/draft, runs/draft
     $ python -m verispec.train.train draft --target smollm2 --minutes 80   # -> verispec/data/smollm2-draft
     $ python -m verispec.train.train compressed --minutes 10         # -> runs/compressed/model (not shipped)
+    $ python -m verispec.train.train eagle --target smollm2 --extract-minutes 30 --minutes 45
+                                                                     # -> verispec/data/smollm2-eagle
 
 Order matters: the target needs the tokenizer, the draft needs a trained target. Each run writes a
 train.log and metrics.json into its run dir.
@@ -86,6 +88,27 @@ def _parser() -> argparse.ArgumentParser:
                        help="data order and sampling seed (default: the recipe's; change it when "
                             "continuing from --init so the draft sees text it has not seen)")
 
+    eagle = commands.add_parser("eagle", help="train an EAGLE-style feature head for a target (--method eagle)",
+                                description="Cache the target's features over the training text (chats in its "
+                                            "chat template, standard-library code, arithmetic), then train "
+                                            "a one-layer head on them (verispec/train/eagle.py).")
+    eagle.add_argument("--target", default="smollm2", help="smollm2 (default), tiny, a .gguf file or a native "
+                                                           "checkpoint dir")
+    eagle.add_argument("--minutes", type=float, required=True, help="wall-clock budget for training the head")
+    eagle.add_argument("--extract-minutes", type=float, default=20.0,
+                       help="wall-clock budget for adding target features to the cache first (0: train on "
+                            "what the cache holds; default 20)")
+    eagle.add_argument("--out", default=None, help="where the head goes (default: the shipped head's "
+                                                   "directory for smollm2 and tiny)")
+    eagle.add_argument("--run-dir", default=None, help="feature cache, logs and checkpoints "
+                                                       "(default runs/<target>-eagle)")
+    eagle.add_argument("--init", default=None, metavar="DIR", help="continue training this head")
+    eagle.add_argument("--draft-vocab", type=int, default=None,
+                       help="ids the head scores (default 8192, 2048 for tiny)")
+    eagle.add_argument("--unroll", type=int, default=None,
+                       help="draft steps trained per position (training-time test; default 2)")
+    eagle.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+
     compressed = commands.add_parser("compressed", help="train a compressed-attention target (issue-6 figures)")
     compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
     compressed.add_argument("--tokenizer", default=TOKENIZER_DIR)
@@ -93,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     compressed.add_argument("--out", default=COMPRESSED_DIR)
     compressed.add_argument("--run-dir", default="runs/compressed")
 
-    for command in (tokenizer, target, draft, compressed):
+    for command in (tokenizer, target, draft, compressed, eagle):
         command.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
     for command in (target, draft):
         command.add_argument("--mix", default=None, metavar="code=W,chat=W,math=W",
@@ -213,7 +236,7 @@ def _parse_mix(text: str, default: dict, command: str) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not getattr(args, "minutes", 1) > 0 or args.threads < 1:
+    if not (getattr(args, "minutes", 1) > 0 or (args.command == "eagle" and args.minutes == 0)) or args.threads < 1:
         print(f"verispec train {args.command}: --minutes must be > 0 and --threads >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
@@ -271,6 +294,25 @@ def _run(args: argparse.Namespace) -> int:
         recipe = _draft_recipe(args)
         logger.info("precision %s", recipe.optim.precision)
         train_draft(recipe, args.minutes, args.target, args.out, args.run_dir, args.init)
+    elif args.command == "eagle":
+        from verispec.loading import DATA_DIR
+        from verispec.train.eagle import EagleRecipe, train_eagle
+
+        name = Path(args.target).name if not _is_gguf_target(args.target) else Path(args.target).stem
+        run_dir = args.run_dir or f"runs/{name}-eagle"
+        _log_to(run_dir)
+        recipe = EagleRecipe(draft_vocab=2048 if args.target == "tiny" else 8192)
+        changes = {"optim": replace(recipe.optim, **({"lr": args.lr} if args.lr is not None else {}))}
+        if args.draft_vocab is not None:
+            changes["draft_vocab"] = args.draft_vocab
+        if args.unroll is not None:
+            changes["unroll"] = args.unroll
+        if args.extract_minutes < 0:
+            logger.error("--extract-minutes must be >= 0")
+            return 2
+        default_out = DATA_DIR / f"{args.target}-eagle" if args.target in ("smollm2", "tiny") else Path(run_dir) / "head"
+        train_eagle(replace(recipe, **changes), args.minutes, args.extract_minutes, args.target,
+                    args.out or default_out, run_dir, args.init)
     elif args.command == "compressed":
         from verispec.train.compressed import train_compressed
 
