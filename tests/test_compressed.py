@@ -14,7 +14,7 @@ import torch
 from verispec.audit import AuditConfig, run_audit
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter, NgramDrafter
-from verispec.drafters.base import Proposal
+from verispec.drafters.base import DrafterBase, Proposal
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError, ContextError
 from verispec.models.compressed import CompressedConfig, CompressedForCausalLM, load_checkpoint
@@ -169,7 +169,7 @@ def test_refresh_refuses_a_path_that_is_not_one():
 
 # ---- speculation on it: greedy equality with plain decoding -----------------------------------------
 
-class ScriptedDrafter:
+class ScriptedDrafter(DrafterBase):
     """Drafts from the known plain greedy continuation ``reference`` (prompt + output). Round r's chain
     is right for r % (K + 1) positions, then wrong; round r's tree has a right and a wrong child per level
     (their order alternates), wrong children grow a branch of their own, and every third round the right

@@ -238,3 +238,33 @@ def test_trees_at_the_context_limit(models, tree):
     spec = SpecConfig(method="tree", tree=tree)
     result = SpecEngine(target, DraftModelDrafter(draft)).generate(prompt, GREEDY, spec, StopRules(max_tokens=13))
     assert result.tokens == expected and len(result.tokens) == 13
+
+
+def test_a_drafter_missing_part_of_the_protocol_is_refused_up_front(checkpoints):
+    """The engine checks the Drafter protocol once, naming what is missing; DrafterBase supplies the
+    defaults, so a drafter written against it needs only propose, commit and reset."""
+    from verispec.drafters.base import DrafterBase, Proposal
+    from verispec.errors import VerispecError
+    from verispec.models.llama import load_checkpoint
+
+    class Bare:
+        def propose(self, context, num_drafts, sampling, generator):
+            return Proposal(torch.tensor([context[-1]] * num_drafts), None)
+
+        def commit(self, context):
+            pass
+
+        def reset(self):
+            pass
+
+    class Repeats(DrafterBase, Bare):
+        pass
+
+    target = load_checkpoint(checkpoints["llama"])
+    with pytest.raises(VerispecError, match="missing propose_tree, bind, observe, reads"):
+        SpecEngine(target, Bare())
+    greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=12, ignore_eos=True)
+    plain = SpecEngine(target).generate([1, 2, 3], greedy, SpecConfig(method="none"), stop).tokens
+    assert SpecEngine(target, Repeats()).generate([1, 2, 3], greedy, SpecConfig(gamma=3), stop).tokens == plain
+    with pytest.raises(VerispecError, match="drafts chains only"):
+        SpecEngine(target, Repeats()).generate([1, 2, 3], greedy, SpecConfig(method="tree", tree="s2_k2_d4"), stop)

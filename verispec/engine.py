@@ -23,7 +23,7 @@ import torch
 from verispec.adaptive import AcceptanceCounts, report_draft_reads, report_finished
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
-from verispec.drafters.base import Drafter, Proposal
+from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.errors import ContextError, VerispecError
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
@@ -44,6 +44,8 @@ class GenerationResult:
 class SpecEngine:
     def __init__(self, target, drafter: Drafter | None = None, decode: Decode | None = None,
                  gamma_policy=None):
+        if drafter is not None:
+            check_drafter(drafter)
         self.target = target
         self.drafter = drafter
         self.decode = decode
@@ -90,7 +92,7 @@ class Generation:
         self.stop_text_index: int | None = None
         # A feature drafter (EAGLE) reads the target's final features of every committed token, taken
         # from the passes that run anyway: the prefill's and each verification's.
-        self.feeds_features = spec.enabled and getattr(engine.drafter, "wants_features", False)
+        self.feeds_features = spec.enabled and engine.drafter is not None and engine.drafter.wants_features
         self._round_features: torch.Tensor | None = None  # (K + 1, H) of the last verification
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -98,7 +100,7 @@ class Generation:
         drafter = self.engine.drafter
         if drafter is not None:
             drafter.reset()
-            if getattr(drafter, "shares_target_cache", False):
+            if drafter.shares_target_cache:
                 drafter.bind(self.cache)
         first = self._prefill()
         self.stats.ttft_s = time.perf_counter() - start
@@ -158,15 +160,16 @@ class Generation:
         tree = proposal.tree
         record.drafted = int(tree.compile().depths.max()) if tree is not None else proposal.num_drafts
         if record.drafted:  # the drafter read this round (its figures are the last read's)
-            record.draft_read_s = getattr(drafter, "prompt_s", 0.0) + getattr(drafter, "backlog_s", 0.0)
+            reads = drafter.reads()
+            record.draft_read_s = reads.prompt_s + reads.backlog_s
         return proposal
 
     def _cache_room(self) -> int:
         """Positions the target's cache (and the draft model's, when one drafts) can still take."""
         limit = self.engine.target.config.max_context
-        draft = getattr(self.engine.drafter, "model", None)
-        if draft is not None:
-            limit = min(limit, draft.config.max_context)
+        drafter = self.engine.drafter
+        if drafter is not None and drafter.max_context is not None:
+            limit = min(limit, drafter.max_context)
         return limit - len(self.context)
 
     def _gamma(self) -> int:
@@ -267,8 +270,9 @@ class Generation:
             # blame whichever gamma follows. The prompt's is a cost of speculating at all (charged);
             # both price the draft's reads.
             policy, drafter = self.engine.gamma_policy, self.engine.drafter
-            prompt_s = getattr(drafter, "prompt_s", 0.0) if record.drafted else 0.0
-            read_tokens = getattr(drafter, "read_tokens", 0) if record.drafted else 0
+            reads = drafter.reads()
+            prompt_s = reads.prompt_s if record.drafted else 0.0
+            read_tokens = reads.tokens if record.drafted else 0
             report_draft_reads(policy, 1, prompt_s, read_tokens, record.draft_read_s)
             policy.observe(1, record.drafted, record.total_s - record.draft_read_s, [record.accepted],
                            [record.drafted])

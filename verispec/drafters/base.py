@@ -18,7 +18,8 @@ from typing import Protocol
 
 import torch
 
-from verispec.config import SamplingParams
+from verispec.config import SamplingParams, SiblingMode, TreeShape
+from verispec.errors import VerispecError
 from verispec.tree import TokenTree
 
 
@@ -37,13 +38,80 @@ class Proposal:
         return int(self.tokens.shape[0])
 
 
+@dataclass(frozen=True)
+class DraftReads:
+    """What a drafter's last ``propose`` spent reading committed tokens it had not yet seen, beyond the
+    one or two a round leaves behind: a request's prompt (``prompt_s``, a cost of speculating at all)
+    or a later backlog (``backlog_s``, tokens committed while speculation was off); ``tokens`` read."""
+
+    prompt_s: float = 0.0
+    backlog_s: float = 0.0
+    tokens: int = 0
+
+
 class Drafter(Protocol):
+    """What the engines use of a drafter, and nothing else (``check_drafter`` verifies it once).
+
+    Capabilities: ``shares_target_cache`` (it drafts in the target's own cache: ``bind`` gives it the
+    request's cache before the prefill), ``wants_features`` (it reads the target's final features of
+    every committed token: ``observe`` gets them from the prefill and each verification, in order),
+    ``max_context`` (its own context limit, None for the target's). ``propose_tree`` may raise
+    ``VerispecError`` for a drafter that drafts chains only. ``DrafterBase`` gives the defaults."""
+
+    shares_target_cache: bool
+    wants_features: bool
+    max_context: int | None
+
     def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal: ...
+
+    def propose_tree(self, context: list[int], shape: TreeShape, mode: SiblingMode, sampling: SamplingParams,
+                     generator: torch.Generator) -> Proposal: ...
 
     def commit(self, context: list[int]) -> None: ...
 
     def reset(self) -> None: ...
+
+    def bind(self, cache) -> None: ...
+
+    def observe(self, features: torch.Tensor) -> None: ...
+
+    def reads(self) -> DraftReads: ...
+
+
+class DrafterBase:
+    """Defaults for the ``Drafter`` protocol: no shared cache, no features, the target's context, chains
+    only, no reads beyond a round's own (subclasses set ``prompt_s``, ``backlog_s``, ``read_tokens``)."""
+
+    shares_target_cache = False
+    wants_features = False
+    max_context: int | None = None
+    prompt_s = backlog_s = 0.0
+    read_tokens = 0
+
+    def propose_tree(self, context, shape, mode, sampling, generator) -> Proposal:
+        raise VerispecError(f"{type(self).__name__} drafts chains only; drop --tree")
+
+    def bind(self, cache) -> None:
+        """Only drafters that share the target's cache use it."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Only feature drafters read the target's features."""
+
+    def reads(self) -> DraftReads:
+        return DraftReads(self.prompt_s, self.backlog_s, self.read_tokens)
+
+
+PROTOCOL_MEMBERS = ("propose", "propose_tree", "commit", "reset", "bind", "observe", "reads",
+                    "shares_target_cache", "wants_features", "max_context")
+
+
+def check_drafter(drafter) -> None:
+    """Raise ``VerispecError`` naming what a drafter lacks of the ``Drafter`` protocol."""
+    missing = [name for name in PROTOCOL_MEMBERS if not hasattr(drafter, name)]
+    if missing:
+        raise VerispecError(f"{type(drafter).__name__} does not implement the Drafter protocol: missing "
+                            f"{', '.join(missing)} (subclass verispec.drafters.base.DrafterBase for the defaults)")
 
 
 def head_args(vocab_limit: int | None) -> dict:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from verispec.config import SamplingParams, SiblingMode, TreeShape
-from verispec.drafters.base import Proposal, common_prefix_length, head_args
+from verispec.drafters.base import DrafterBase, Proposal, common_prefix_length, head_args
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import AcceptanceCalibration, TokenTree
@@ -26,11 +26,12 @@ from verispec.tree import AcceptanceCalibration, TokenTree
 BACKLOG_TOKENS = 2  # a chain round leaves at most x_K and the bonus or recovered token unseen
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(DrafterBase):
     def __init__(self, model: LlamaForCausalLM, max_len: int | None = None, vocab_limit: int | None = None):
         self.model = model
         self.vocab_limit = vocab_limit  # draft only ids < N (``LlamaForCausalLM.logits``); None: all
         self.max_len = max_len or model.config.max_context
+        self.max_context = model.config.max_context
         self.cache = model.new_cache(1, self.max_len)
         self.seen: list[int] = []  # tokens whose KV is committed in self.cache
         # Seconds the last propose spent reading this request's prompt (the first read since reset),

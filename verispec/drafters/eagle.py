@@ -26,13 +26,13 @@ import torch
 
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SiblingMode, TreeShape
-from verispec.drafters.base import Proposal
+from verispec.drafters.base import DrafterBase, Proposal
 from verispec.drafters.draft_model import _draw_children, _tree_proposal
 from verispec.models.eagle import EagleHead
 from verispec.sampling import draw_draft
 
 
-class EagleDrafter:
+class EagleDrafter(DrafterBase):
     wants_features = True
 
     def __init__(self, head: EagleHead, max_len: int):

@@ -19,13 +19,13 @@ import torch
 
 from verispec.cache import KVCache
 from verispec.config import SamplingParams
-from verispec.drafters.base import Proposal
+from verispec.drafters.base import DrafterBase, Proposal
 from verispec.errors import VerispecError
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft
 
 
-class EarlyExitDrafter:
+class EarlyExitDrafter(DrafterBase):
     shares_target_cache = True
 
     def __init__(self, model: LlamaForCausalLM, exit_layer: int):

@@ -17,13 +17,13 @@ from __future__ import annotations
 import torch
 
 from verispec.config import SamplingParams, SiblingMode, TreeShape
-from verispec.drafters.base import Proposal
+from verispec.drafters.base import DrafterBase, Proposal
 from verispec.tree import TokenTree
 
 DEFAULT_MAX_N, DEFAULT_MIN_N = 4, 1
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     def __init__(self, max_n: int = DEFAULT_MAX_N, min_n: int = DEFAULT_MIN_N):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
