@@ -18,12 +18,17 @@ backlog, the policy may refuse the switch (``afford_switch``: the reads must rep
 rows' remaining tokens, or fit an exploration budget).
 Chains with a draft model, an EAGLE head (each row's head drafts in turn; the features come from the
 batched verification) or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
+
+A request with ``logprobs`` set gets, for each committed token, the target's raw log-softmax there
+(before temperature and truncation) and the ``logprobs`` most likely alternatives, read off the logits
+the round already has: the prefill's for the first token, then row i of the verification pass for
+the round's i-th committed token, whether accepted, recovered or bonus. Exact under speculation.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -51,6 +56,26 @@ class BatchRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: StopRules = field(default_factory=StopRules)
     seed: int = 0
+    logprobs: int | None = None  # None: none; N >= 0: each token's log-probability and the N most likely
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's raw log-probability, and the most likely tokens at its position (best first)."""
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> list[TokenLogprob]:
+    """``logits`` (T, V): the target's raw logits whose row i scored ``tokens[i]``; in float32."""
+    logprobs = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)  # (T, V)
+    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)].tolist()
+    if top_n == 0:
+        return [TokenLogprob(value) for value in chosen]
+    top = torch.topk(logprobs, min(top_n, logprobs.shape[-1]), dim=-1)  # sorted, best first
+    return [TokenLogprob(value, tuple(ids), tuple(values))
+            for value, ids, values in zip(chosen, top.indices.tolist(), top.values.tolist())]
 
 
 @dataclass
@@ -60,6 +85,7 @@ class BatchEvent:
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     stop_text_index: int | None = None
     stats: RequestStats | None = None  # set when finished
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -148,6 +174,7 @@ class BatchEngine:
         view.commit(0, len(request.prompt_ids))
         self.cache.sync_row(row, view)
         first = sample_from(logits_to_probs(logits, request.sampling), sequence.generator)
+        logprobs = None if request.logprobs is None else token_logprobs(logits[None], [first], request.logprobs)
         if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
             self.draft_cache.set_length(row, 0)
         self.rows.append(sequence)
@@ -155,20 +182,20 @@ class BatchEngine:
         sequence.stats.prefill_s = sequence.stats.ttft_s = now - started
         sequence.stats.token_gaps_s.append(sequence.stats.ttft_s)
         sequence.last_emit = now
-        event = self._emit(row, [first])
+        event = self._emit(row, [first], logprobs)
         if event.finished:  # max_tokens 1, or EOS straight away
-            event = self._finish(row, event.finish_reason, event.tokens, event.stop_text_index)
+            event = self._finish(row, event)
         return [event]
 
     def abort(self, request_id: str) -> BatchEvent | None:
         for row, sequence in enumerate(self.rows):
             if sequence.request.request_id == request_id:
-                return self._finish(row, "abort")
+                return self._finish(row, BatchEvent(request_id, [], "abort"))
         return None
 
-    def _finish(self, row: int, reason: str, tokens: list[int] | None = None,
-                stop_text_index: int | None = None) -> BatchEvent:
-        sequence = self.rows[row]
+    def _finish(self, row: int, event: BatchEvent) -> BatchEvent:
+        """Release ``row``; ``event`` (its last, finished one) comes back with the request's stats."""
+        sequence, reason = self.rows[row], event.finish_reason
         sequence.stats.finish_reason = reason
         if reason != "abort":
             report_finished(self.gamma_policy, len(sequence.generated))
@@ -180,7 +207,7 @@ class BatchEngine:
                 self.draft_cache.move_row(last, row)
             self.rows[row] = self.rows[last]
         self.rows.pop()
-        return BatchEvent(sequence.request.request_id, tokens or [], reason, stop_text_index, sequence.stats)
+        return replace(event, stats=sequence.stats)
 
     # ---- one round for every running sequence ------------------------------------------------------
 
@@ -197,9 +224,9 @@ class BatchEngine:
         prompts_s, prompts, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0, 0.0, 0)
         drafts, draft_probs = self._propose(num_drafts)
         drafted_at = time.perf_counter()
-        verdicts = self._verify(drafts, draft_probs, num_drafts)
+        verdicts, logprobs = self._verify(drafts, draft_probs, num_drafts)
         verified_at = time.perf_counter()
-        events = self._commit(verdicts, drafted=max(num_drafts) > 0)
+        events = self._commit(verdicts, logprobs, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
         # The policy judges gamma on a round's steady cost: reading a backlog is paid once per switch
         # from gamma 0 (and judged before it, in ``afford``), and counting it would make the first
@@ -305,8 +332,10 @@ class BatchEngine:
             tokens += len(backlog)
         return prompts_s, prompts, total_s, tokens
 
-    def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
-                num_drafts: list[int]) -> list[ChainResult]:
+    def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None], num_drafts: list[int]
+                ) -> tuple[list[ChainResult], list[list[TokenLogprob] | None]]:
+        """Each row's verdict, and its committed tokens' logprobs if its request asked (row i of its logits
+        scored the round's i-th committed token)."""
         width = max(num_drafts) + 1
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
@@ -330,10 +359,15 @@ class BatchEngine:
             if sequence.eagle is not None:
                 sequence.eagle.observe(features[row, :1 + verdicts[-1].num_accepted])
         self.cache.sync_prefix(view)
-        return verdicts
+        logprobs = [None if sequence.request.logprobs is None else
+                    token_logprobs(logits[row], verdict.tokens, sequence.request.logprobs)
+                    for row, (sequence, verdict) in enumerate(zip(self.rows, verdicts))]
+        return verdicts, logprobs
 
-    def _commit(self, verdicts: list[ChainResult], drafted: bool) -> list[BatchEvent]:
-        events = [self._emit(row, verdict.tokens) for row, verdict in enumerate(verdicts)]
+    def _commit(self, verdicts: list[ChainResult], logprobs: list[list[TokenLogprob] | None],
+                drafted: bool) -> list[BatchEvent]:
+        events = [self._emit(row, verdict.tokens, row_logprobs)
+                  for row, (verdict, row_logprobs) in enumerate(zip(verdicts, logprobs))]
         if self.draft_cache is not None and drafted:  # else what the draft saw is still a prefix
             for row, sequence in enumerate(self.rows):
                 keep = min(common_prefix_length(sequence.draft_seen, sequence.context), len(sequence.context) - 1)
@@ -341,17 +375,17 @@ class BatchEngine:
                 self.draft_cache.set_length(row, keep)
         # Release finished rows last-to-first so moving rows does not disturb indices still to visit.
         for row in sorted((r for r, e in enumerate(events) if e.finished), reverse=True):
-            finished = self._finish(row, events[row].finish_reason, events[row].tokens, events[row].stop_text_index)
-            events[row] = finished
+            events[row] = self._finish(row, events[row])
         return events
 
-    def _emit(self, row: int, tokens: list[int]) -> BatchEvent:
+    def _emit(self, row: int, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> BatchEvent:
         sequence = self.rows[row]
         cut = apply_stop_rules(tokens, sequence.generated, sequence.request.stop, self.decode)
         sequence.generated.extend(cut.kept)
         sequence.context.extend(cut.kept)
         sequence.stats.generated_tokens = len(sequence.generated)
-        return BatchEvent(sequence.request.request_id, cut.kept, cut.finish_reason, cut.stop_text_index)
+        return BatchEvent(sequence.request.request_id, cut.kept, cut.finish_reason, cut.stop_text_index,
+                          logprobs=None if logprobs is None else logprobs[:len(cut.kept)])
 
     def _record(self, sequences: list[_Sequence], events: list[BatchEvent], verdicts: list[ChainResult],
                 num_drafts: list[int], split: tuple[float, float, float]) -> None:

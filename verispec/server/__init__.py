@@ -5,6 +5,7 @@
 - ``prepare.py``    OpenAI request body -> ``BatchRequest`` (tokenizing, chat template, EOS, checks)
 - ``schemas.py``    request models, error body, response and chunk builders
 - ``text.py``       token ids -> text, with streamed deltas that never need taking back
+- ``logprobs.py``   per-token logprobs -> OpenAI's logprobs objects, whole or per chunk
 - ``metrics.py``    Prometheus metrics named like vLLM's
 - ``cli.py``        the ``serve`` subcommand
 

@@ -40,6 +40,7 @@ from verispec.loading import DEFAULT_TARGET, ModelPair
 from verispec.models.llama import LlamaForCausalLM
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
+from verispec.server.logprobs import LogprobReport, TokenStrings
 from verispec.server.metrics import ServerMetrics
 from verispec.server.prepare import Prepared, RequestBuilder
 from verispec.server.scheduler import EngineFailed, Handle, QueueFull, Scheduler, ServerConfig, Unavailable
@@ -167,9 +168,14 @@ class _Service:
         self.scheduler, self.builder, self.metrics = scheduler, builder, metrics
         self.tokenizer, self.model_name, self.config = tokenizer, model_name, config
         self.started = int(time.time())
+        self.token_strings = TokenStrings(tokenizer)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _report(self, prepared: Prepared) -> LogprobReport | None:
+        top_n = prepared.request.logprobs
+        return None if top_n is None else LogprobReport(self.decode, self.token_strings, prepared.chat, top_n)
 
     async def serve(self, prepared: Prepared, request: Request):
         handle = self._submit(prepared)
@@ -183,17 +189,20 @@ class _Service:
             waiter.watch_disconnect = False  # the streaming response is cancelled on disconnect instead
             return _EventStream(self._sse(prepared, waiter, first), on_exit=waiter.close)
         try:
-            tokens, event = list(first.tokens), first
+            tokens, logprobs, event = list(first.tokens), list(first.logprobs or []), first
             while not event.finished:
                 event = await waiter.next()
                 tokens += event.tokens
+                logprobs += event.logprobs or []
         finally:
             waiter.close()
         request_id, model = prepared.request.request_id, self.model_name
         text = final_text(self.decode(tokens), event.stop_text_index)
         usage = schemas.usage(len(prepared.request.prompt_ids), len(tokens))
+        report = self._report(prepared)
         build = schemas.chat_response if prepared.chat else schemas.completion_response
-        return build(request_id, model, text, event.finish_reason, usage, self._stats(prepared, event))
+        return build(request_id, model, text, event.finish_reason, usage, self._stats(prepared, event),
+                     report.whole(tokens, logprobs, event.stop_text_index) if report else None)
 
     def _submit(self, prepared: Prepared) -> Handle:
         try:
@@ -209,13 +218,15 @@ class _Service:
     async def _sse(self, prepared: Prepared, waiter: "_Waiter", event: BatchEvent):
         request_id, model, chat = prepared.request.request_id, self.model_name, prepared.chat
         text = StreamText(self.decode, prepared.request.stop.stop_strings)
+        report = self._report(prepared)  # each chunk carries the logprobs of the tokens whose text it ends
 
-        def chunk(delta: str, finish_reason: str | None = None, stats: dict | None = None) -> str:
+        def chunk(delta: str, finish_reason: str | None = None, stats: dict | None = None,
+                  logprobs: dict | None = None) -> str:
             if chat:
-                body = schemas.chat_chunk(request_id, model, {"content": delta} if delta or not finish_reason else {},
-                                          finish_reason, stats)
+                content = {"content": delta} if delta or logprobs or not finish_reason else {}
+                body = schemas.chat_chunk(request_id, model, content, finish_reason, stats, logprobs)
             else:
-                body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats)
+                body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats, logprobs)
             return _sse_data(body)
 
         tokens = 0
@@ -226,14 +237,16 @@ class _Service:
                 tokens += len(event.tokens)
                 if event.finished:
                     delta = text.finish(event.tokens, event.stop_text_index)
-                    yield chunk(delta, event.finish_reason, self._stats(prepared, event))
+                    logprobs = report.rest(event.tokens, event.logprobs, event.stop_text_index) if report else None
+                    yield chunk(delta, event.finish_reason, self._stats(prepared, event), logprobs)
                     if prepared.include_usage:
                         usage = schemas.usage(len(prepared.request.prompt_ids), tokens)
                         yield _sse_data(schemas.usage_chunk(request_id, model, chat, usage))
                     break
                 delta = text.add(event.tokens)
-                if delta:
-                    yield chunk(delta)
+                logprobs = report.through(event.tokens, event.logprobs, len(text.sent)) if report else None
+                if delta or logprobs:
+                    yield chunk(delta, logprobs=logprobs)
                 event = await waiter.next()
         except ApiError as err:  # headers are sent: report in the stream, as OpenAI and vLLM do
             yield _sse_data(err.body())

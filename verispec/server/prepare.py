@@ -19,8 +19,8 @@ from verispec.batch import BatchRequest
 from verispec.loading import eos_ids
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import ContextError, VerispecError
-from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, ApiError,
-                                     ChatCompletionRequest, CompletionRequest, _Common)
+from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_TOP_LOGPROBS,
+                                     ApiError, ChatCompletionRequest, CompletionRequest, _Common)
 
 END_OF_MESSAGE = "<|end|>"
 SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts
@@ -111,7 +111,8 @@ class RequestBuilder:
         except VerispecError as err:
             raise ApiError(400, str(err), param="max_tokens") from None
         seed = random.randrange(2**63) if body.seed is None else body.seed
-        request = BatchRequest(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, stop, seed=seed)
+        request = BatchRequest(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, stop, seed=seed,
+                               logprobs=_logprobs(body))
         try:
             self.check(request)
         except ContextError as err:
@@ -121,6 +122,20 @@ class RequestBuilder:
             raise ApiError(400, str(err), param=prompt_param) from None
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return Prepared(request, chat, body.stream, include_usage, body.return_spec_stats)
+
+
+def _logprobs(body: _Common) -> int | None:
+    """How many alternatives per token the request wants with its tokens' logprobs; None: no logprobs.
+    Completions say ``logprobs: N``; chat says ``logprobs: true`` and ``top_logprobs: N`` (default 0)."""
+    if isinstance(body, CompletionRequest):
+        count, param = body.logprobs, "logprobs"
+    else:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        count, param = (body.top_logprobs or 0) if body.logprobs else None, "top_logprobs"
+    if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"{param} must be in 0..{MAX_TOP_LOGPROBS}, got {count}", param=param)
+    return count
 
 
 def _sampling(body: _Common) -> SamplingParams:

@@ -8,6 +8,9 @@ Request models check types only; value ranges are checked once, by ``SamplingPar
 
 Extensions beyond OpenAI's fields: ``top_k``, ``min_p``, ``ignore_eos`` (as in vLLM) and
 ``return_spec_stats`` (adds the request's ``RequestStats.summary()`` as ``spec_stats``).
+
+Logprobs (``logprobs: N`` for completions, ``logprobs: true`` + ``top_logprobs: N`` for chat, N in
+0..20) are formatted by ``verispec.server.logprobs`` and passed to the builders here as ``logprobs``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 128  # chat: at most this many, or what is left of the context
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on logprobs (completions) and top_logprobs (chat)
 
 
 class ApiError(Exception):
@@ -79,7 +83,7 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
     def unsupported(self) -> list[str]:
-        extra = [name for name in ("logprobs", "echo", "suffix") if getattr(self, name)]
+        extra = [name for name in ("echo", "suffix") if getattr(self, name)]
         return super().unsupported() + extra + (["best_of"] if self.best_of not in (None, 1) else [])
 
 
@@ -108,7 +112,7 @@ class ChatCompletionRequest(_Common):
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:
-        extra = [name for name in ("logprobs", "top_logprobs", "tools") if getattr(self, name)]
+        extra = ["tools"] if self.tools else []
         if self.response_format and self.response_format.get("type", "text") != "text":
             extra.append("response_format")
         return super().unsupported() + extra
@@ -123,33 +127,33 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
-                        spec_stats: dict | None) -> dict:
+                        spec_stats: dict | None, logprobs: dict | None = None) -> dict:
     body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": usage_}
     return _with_stats(body, spec_stats)
 
 
 def chat_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
-                  spec_stats: dict | None) -> dict:
+                  spec_stats: dict | None, logprobs: dict | None = None) -> dict:
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                          "finish_reason": finish_reason}],
             "usage": usage_}
     return _with_stats(body, spec_stats)
 
 
 def completion_chunk(request_id: str, model: str, text: str, finish_reason: str | None = None,
-                     spec_stats: dict | None = None) -> dict:
+                     spec_stats: dict | None = None, logprobs: dict | None = None) -> dict:
     body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
     return _with_stats(body, spec_stats)
 
 
 def chat_chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
-               spec_stats: dict | None = None) -> dict:
+               spec_stats: dict | None = None, logprobs: dict | None = None) -> dict:
     body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
     return _with_stats(body, spec_stats)
 
 
