@@ -240,6 +240,31 @@ def test_trees_at_the_context_limit(models, tree):
     assert result.tokens == expected and len(result.tokens) == 13
 
 
+@pytest.mark.parametrize("method", ["chain", "s3_k2_d6", "dynamic:8", "ngram", "self"])
+def test_every_other_drafter_at_the_context_limit(models, method):
+    """The EAGLE head (chains and trees), n-gram and self-speculation at prompt + max_tokens = the
+    model's context: greedy output equals plain decoding and nothing is written past the caches."""
+    from verispec.drafters import EarlyExitDrafter, NgramDrafter
+    from verispec.drafters.eagle import EagleDrafter
+    from verispec.models.eagle import EagleHead
+
+    target = models["llama"]
+    room = target.config.max_context
+    prompt = (PROMPT * room)[:room - 13]
+    expected = plain(target, prompt, max_tokens=13).tokens
+    if method == "ngram":
+        drafter, spec = NgramDrafter(), SpecConfig(gamma=4, drafter="ngram")
+    elif method == "self":
+        drafter, spec = EarlyExitDrafter(target, 1), SpecConfig(gamma=4, drafter="early_exit", exit_layer=1)
+    else:
+        head = EagleHead.for_target(target, target.config.vocab_size).eval()
+        drafter = EagleDrafter(head, room)
+        spec = SpecConfig(gamma=4, drafter="eagle") if method == "chain" else \
+            SpecConfig(method="tree", tree=method, drafter="eagle")
+    result = SpecEngine(target, drafter).generate(prompt, GREEDY, spec, StopRules(max_tokens=13))
+    assert result.tokens == expected and len(result.tokens) == 13
+
+
 def test_a_drafter_missing_part_of_the_protocol_is_refused_up_front(checkpoints):
     """The engine checks the Drafter protocol once, naming what is missing; DrafterBase supplies the
     defaults, so a drafter written against it needs only propose, commit and reset."""
