@@ -104,11 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--draft-ms", type=float, help="draft cost per proposed token")
     plan.add_argument("--verify-ms", type=float, help="target verification cost of one round (gamma + 1 positions)")
     plan.add_argument("--verify-slope-ms", type=float, default=None,
-                      help="with --sweep: extra verify ms per extra verified position (default 0: flat)")
+                      help="with --sweep or --emit: extra verify ms per extra verified position "
+                           "(default 0: flat)")
     plan.add_argument("--state-ms", type=float, default=0.0, help="state handling per round (default 0)")
     plan.add_argument("--baseline-ms", type=float, help="plain decoding cost per token")
     plan.add_argument("--sweep", type=int, nargs="?", const=8, default=None, metavar="MAX_GAMMA",
                       help="tabulate gamma = 1..MAX_GAMMA (default 8) and mark the best")
+    plan.add_argument("--emit", metavar="ENGINE",
+                      help="print the best gamma per batch size (1..64) as ENGINE's config: vllm (a "
+                           "--speculative-config JSON), trtllm (LLM API YAML) or sglang (server flags for "
+                           "--batch-size); gammas up to --sweep (default 8). Key names: docs/benchmarking.md")
+    plan.add_argument("--batch-size", type=int, default=1, help="--emit sglang: the batch size to plan for (1)")
     plan.add_argument("--json", action="store_true", help="print JSON")
     plan.set_defaults(run=_run_plan)
 
@@ -320,6 +326,8 @@ def _run_plan(args) -> int:
             acceptance = [float(x) for x in args.acceptance.split(",")]
         except ValueError:
             raise VerispecError(f"--acceptance must be comma-separated numbers, got {args.acceptance!r}") from None
+    if args.emit is not None:
+        _check_emit(args)
     if args.profile:
         return _plan_from_profile(args, acceptance)
     missing = [f"--{n.replace('_', '-')}" for n in ("draft_ms", "verify_ms", "baseline_ms") if getattr(args, n) is None]
@@ -336,12 +344,19 @@ def _run_plan(args) -> int:
     if args.sweep is not None and not 1 <= args.sweep <= MAX_SWEEP:
         raise VerispecError(f"--sweep must be in 1..{MAX_SWEEP}, got {args.sweep}")
     verify = args.verify_ms
-    if args.sweep is not None and args.verify_slope_ms is not None:
+    if (args.sweep is not None or args.emit) and args.verify_slope_ms is not None:
         # --verify-ms is the cost at the given gamma; extrapolate linearly in verified positions.
         base = args.verify_ms - args.gamma * args.verify_slope_ms
         verify = costmodel.linear_verify_cost(base, args.verify_slope_ms)
     common = dict(draft_ms=args.draft_ms, verify_ms=verify, state_ms=args.state_ms,
                   baseline_ms=args.baseline_ms, alpha=args.alpha, acceptance=acceptance)
+    if args.emit:
+        from verispec import plan_emit
+
+        verify_cost = verify if callable(verify) else (lambda positions: args.verify_ms)
+        del common["verify_ms"]
+        return _print_emit(args, lambda sizes: plan_emit.schedule_from_costs(verify_cost, args.sweep or 8,
+                                                                             batch_sizes=sizes, **common))
     try:
         if args.sweep is None:
             result = costmodel.plan(args.gamma, **common)
@@ -383,6 +398,11 @@ def _plan_from_profile(args, acceptance) -> int:
         raise VerispecError(f"--sweep must be in 1..{MAX_SWEEP}, got {args.sweep}")
     if args.alpha is not None:
         acceptance = [args.alpha]
+    if args.emit:
+        from verispec import plan_emit
+
+        return _print_emit(args, lambda sizes: plan_emit.schedule_from_profile(data, acceptance, args.sweep or 8,
+                                                                               sizes))
     try:
         plans, best = plan_from_profile(data, acceptance, args.sweep or 8)
     except (ValueError, KeyError) as err:
@@ -462,6 +482,34 @@ def _run_train(args) -> int:
     except ImportError as err:
         raise VerispecError(f"training needs the 'train' extra ({err}); pip install 'verispec[train]'") from None
     return train_main(args.rest) or 0
+
+
+def _check_emit(args) -> None:
+    from verispec.plan_emit import ENGINES
+
+    if args.emit not in ENGINES:
+        raise VerispecError(f"--emit must be one of {', '.join(ENGINES)}, got {args.emit!r}")
+    if args.batch_size < 1:
+        raise VerispecError(f"--batch-size must be >= 1, got {args.batch_size}")
+
+
+def _print_emit(args, schedule_for) -> int:
+    """``schedule_for(batch_sizes)``: [(batch size, best gamma)] from the planner."""
+    from verispec import plan_emit
+
+    sizes = (args.batch_size,) if args.emit == "sglang" else plan_emit.BATCH_SIZES
+    try:
+        schedule = schedule_for(sizes)
+    except (ValueError, KeyError) as err:
+        raise VerispecError(f"cannot plan a schedule: {err}") from None
+    text = plan_emit.emit(args.emit, schedule, args.batch_size)
+    if args.json:
+        print(json.dumps({"engine": args.emit, "schedule": [list(row) for row in schedule], "config": text}))
+    elif text:
+        print(text)
+    else:
+        print(f"verispec: speculation does not pay at batch {args.batch_size}: run without it", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
