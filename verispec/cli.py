@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smollm2 (default: the real model, its shipped draft) or tiny (the embedded pair)")
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    demo.add_argument("--methods", default="chain,tree,ngram",
-                      help="comma-separated, each compared with plain decoding: chain, tree, ngram, self "
-                           "(default chain,tree,ngram)")
+    demo.add_argument("--methods", default="chain,tree,eagle,ngram",
+                      help="comma-separated, each compared with plain decoding: chain, tree (the draft model), "
+                           "eagle, eagle-tree (the EAGLE head: chain, dynamic:8 tree), ngram, self "
+                           "(default chain,tree,eagle,ngram)")
     demo.add_argument("--gamma", type=int, default=4, help="drafts per round of chain, ngram and self (default 4)")
     demo.add_argument("--tree", default="s3_k2_d6", help="tree shape for the tree method (default s3_k2_d6)")
     demo.add_argument("--exit-layer", type=int, default=3, help="self: layers that draft (default 3)")

@@ -107,7 +107,7 @@ EAGLE_DEMO_TREE = "dynamic:8"  # the EAGLE head's tree in the demo
 
 
 def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[str, SpecConfig]:
-    """``chain,tree,ngram,self`` -> one SpecConfig per named method, in the order given."""
+    """``chain,tree,eagle,ngram,self`` -> one SpecConfig per named method, in the order given."""
     names = [name.strip() for name in methods.split(",") if name.strip()]
     unknown = [name for name in names if name not in DEMO_METHODS]
     if unknown or not names:
