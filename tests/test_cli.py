@@ -91,6 +91,10 @@ def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
     assert data["embedded_pair"] and len(data["prompts"]) == 3 * 4
     assert {row["method"] for row in data["prompts"]} == {"chain", "tree", "ngram", "self"}
     assert all(row["identical"] for row in data["prompts"])
+    code, out, _ = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "8", "--threads", "1",
+                       "--json", "--methods", "eagle,eagle-tree")
+    rows = json.loads(out)["prompts"]
+    assert code == 0 and {row["method"] for row in rows} == {"eagle", "eagle-tree"} and all(r["identical"] for r in rows)
     code, _, err = run(capsys, "demo", "--methods", "chain,beam")
     assert code == 2 and "beam" in err
     code, _, err = run(capsys, "demo", "--threads", "-1")
@@ -133,3 +137,17 @@ def test_plan_refuses_a_profile_that_is_not_one(capsys, tmp_path):
     path.write_text("[1, 2]")
     code, _, err = run(capsys, "plan", "--profile", str(path))
     assert code == 2 and "not a verispec profile" in err
+
+
+def test_demo_without_the_embedded_pair_leaves_the_eagle_methods_out(capsys, monkeypatch):
+    """The random stand-in pair has no EAGLE head: the default methods run without it, with a note;
+    asking for EAGLE methods only is a one-line error."""
+    import verispec.demo as demo
+
+    monkeypatch.setattr(demo, "embedded_pair_available", lambda: False)
+    code, out, err = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "4", "--threads", "1",
+                         "--json")
+    assert code == 0 and "EAGLE methods are left out" in err
+    assert {row["method"] for row in json.loads(out)["prompts"]} == {"chain", "tree", "ngram"}
+    code, _, err = run(capsys, "demo", "--target", "tiny", "--methods", "eagle", "--threads", "1")
+    assert code == 2 and "only EAGLE methods" in err
