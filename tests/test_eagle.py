@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from test_engine_statistical import PROMPT, VOCAB, agreement, exact_target_distribution
-from verispec import kernels
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.eagle import EagleDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
-from verispec.models.eagle import EagleHead, load_eagle, save_eagle
+from verispec.models.eagle import EagleHead, for_inference, load_eagle, save_eagle
 from verispec.models.llama import load_checkpoint
 from verispec.testing import make_checkpoint
 from verispec.train.eagle import EagleRecipe, eagle_loss, unrolled_attention_mask, unrolled_predictions
@@ -31,13 +30,7 @@ def frozen_head(target, draft_vocab: int, seed: int = 0, accelerate: bool = True
     with torch.no_grad():
         for parameter in (*head.fc.parameters(), *head.body.model.layers.parameters()):
             parameter.add_(0.02 * torch.randn_like(parameter))
-    head.eval()
-    for parameter in head.parameters():
-        parameter.requires_grad_(False)
-    if accelerate:
-        kernels.accelerate(head.body)
-        kernels.accelerate(head.fc)
-    return head
+    return for_inference(head, accelerate)
 
 
 @pytest.fixture(scope="module")

@@ -77,22 +77,8 @@ class DraftModelDrafter(DrafterBase):
             mode = "deterministic"  # q is a point mass: only top-k children make sense
         if shape.dynamic:
             return self._propose_dynamic(context, shape)
-        parents, tokens, rows = [-1], [context[-1]], {}
-        extras = shape.num_drafts - shape.depth
-        logits, main = self._catch_up(context), 0
-        for level in range(1, shape.depth + 1):
-            width = 1 + min(shape.branching - 1, extras)
-            extras -= width - 1
-            children, q = _draw_children(logits, width, mode, sampling, generator)
-            if q is not None:
-                rows[main] = q
-            first = len(tokens)
-            parents += [main] * len(children)
-            tokens += children
-            main = first
-            if level < shape.depth:
-                logits = self._feed([tokens[main]])
-        return _tree_proposal(parents, tokens, rows, logits.shape[-1])
+        return static_tree(context[-1], shape, mode, sampling, generator, self._catch_up(context),
+                           lambda token: self._feed([token]))
 
     def _propose_dynamic(self, context: list[int], shape: TreeShape) -> Proposal:
         """Expand the ``branching`` best nodes per level, then keep the budget's best nodes; a node's
@@ -192,6 +178,29 @@ class DraftModelDrafter(DrafterBase):
         keep = min(common_prefix_length(self.seen, context), len(context) - 1)
         self.seen = self.seen[:keep]
         self.cache.set_length(0, keep)
+
+
+def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: SamplingParams,
+                generator: torch.Generator, logits: torch.Tensor, advance) -> Proposal:
+    """A static sN_kK_dD tree grown along its main path: each level's children are drawn (per ``mode``)
+    from the main node's draft logits, the first child is the next main node, and ``advance(token)``
+    feeds it to the drafter and returns the logits after it. The extra nodes (budget minus depth) widen
+    the first levels up to ``branching``."""
+    parents, tokens, rows = [-1], [root], {}
+    extras, main = shape.num_drafts - shape.depth, 0
+    for level in range(1, shape.depth + 1):
+        width = 1 + min(shape.branching - 1, extras)
+        extras -= width - 1
+        children, q = _draw_children(logits, width, mode, sampling, generator)
+        if q is not None:
+            rows[main] = q
+        first = len(tokens)
+        parents += [main] * len(children)
+        tokens += children
+        main = first
+        if level < shape.depth:
+            logits = advance(tokens[main])
+    return _tree_proposal(parents, tokens, rows, logits.shape[-1])
 
 
 def top_tokens(logits: torch.Tensor, count: int) -> list[int]:

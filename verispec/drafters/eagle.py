@@ -27,7 +27,7 @@ import torch
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal
-from verispec.drafters.draft_model import _draw_children, _tree_proposal
+from verispec.drafters.draft_model import _tree_proposal, static_tree
 from verispec.models.eagle import EagleHead
 from verispec.sampling import draw_draft
 
@@ -121,24 +121,15 @@ class EagleDrafter(DrafterBase):
         try:
             if shape.dynamic:
                 return self._dynamic_tree(context, shape, normed, base)
-            parents, tokens, rows = [-1], [context[-1]], {}
-            extras, main = shape.num_drafts - shape.depth, 0
-            logits = self._logits(normed[None])[0].cpu()
-            for level in range(1, shape.depth + 1):
-                width = 1 + min(shape.branching - 1, extras)
-                extras -= width - 1
-                children, q = _draw_children(logits, width, mode, sampling, generator)
-                if q is not None:
-                    rows[main] = q
-                first = len(tokens)
-                parents += [main] * len(children)
-                tokens += children
-                main = first
-                if level < shape.depth:  # the main child's pair: the path the next level grows from
-                    normed = self._step(normed[None], [tokens[main]])[-1]
-                    self.cache.commit(0, 1)
-                    logits = self._logits(normed[None])[0].cpu()
-            return _tree_proposal(parents, tokens, rows, logits.shape[-1])
+            path = [normed]  # the main path's predicted features: the next level grows from the last
+
+            def advance(token: int) -> torch.Tensor:
+                path.append(self._step(path[-1][None], [token])[-1])
+                self.cache.commit(0, 1)
+                return self._logits(path[-1][None])[0].cpu()
+
+            return static_tree(context[-1], shape, mode, sampling, generator,
+                               self._logits(normed[None])[0].cpu(), advance)
         finally:
             self.cache.set_length(0, base)
 

@@ -127,7 +127,6 @@ def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True)
     """A head saved by ``save_eagle``, over ``target``'s embedding, head and final norm."""
     from safetensors.torch import load_file
 
-    from verispec import kernels as native
     from verispec.errors import CheckpointError
 
     path = Path(path)
@@ -143,6 +142,13 @@ def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True)
     share_target_tensors(body, target)
     head = EagleHead(body, int(config.get("verispec_draft_vocab") or target.config.vocab_size))
     head.fc.weight.data = load_file(str(path / FC_FILE))["weight"].float().to(device)
+    return for_inference(head, kernels)
+
+
+def for_inference(head: EagleHead, kernels: bool = True) -> EagleHead:
+    """``head`` frozen in eval mode, its linear layers on the native few-row kernel when ``kernels``."""
+    from verispec import kernels as native
+
     head.eval()
     for parameter in head.parameters():
         parameter.requires_grad_(False)
