@@ -238,3 +238,27 @@ def test_batched_eagle_chains_equal_plain_decoding(embedded):
     assert got == expected
     drafted = [e.stats.summary()["drafted"] for e in events if e.finished]
     assert len(drafted) == 5 and min(drafted) > 0
+
+
+def test_train_eagle_end_to_end_on_the_tiny_target(tmp_path, embedded):
+    """``verispec train eagle`` in miniature: features cached as shards, a few steps, a head that loads,
+    drafts, and leaves greedy output unchanged; a second run with no extraction trains on the cache."""
+    from verispec.train.eagle import train_eagle
+
+    recipe = EagleRecipe(draft_vocab=2048)
+    metrics = train_eagle(recipe, minutes=0.03, extract_minutes=0.02, target_name="tiny", out_dir=tmp_path / "head",
+                          run_dir=tmp_path / "run")
+    shards = sorted((tmp_path / "run" / "features").glob("features-*.pt"))
+    assert shards and metrics["extraction"]["new_tokens"] > 0 and metrics["training"]["steps"] >= 1
+    assert set(metrics["heldout_greedy_match"]) == {"chat", "code", "math"}
+    again = train_eagle(recipe, minutes=0.01, extract_minutes=0, target_name="tiny", out_dir=tmp_path / "head2",
+                        run_dir=tmp_path / "run", init_dir=tmp_path / "head")
+    assert again["extraction"] == {} and again["training"]["cached_windows"] == metrics["training"]["cached_windows"]
+    target, tokenizer = embedded
+    head = load_eagle(tmp_path / "head2", target)
+    ids = tokenizer("def add(a, b):")["input_ids"]
+    stop, greedy = StopRules(max_tokens=16, eos_ids=()), SamplingParams(temperature=0)
+    expected = SpecEngine(target).generate(ids, greedy, SpecConfig(method="none"), stop).tokens
+    result = SpecEngine(target, EagleDrafter(head, target.config.max_context)).generate(
+        ids, greedy, SpecConfig(gamma=3, drafter="eagle"), stop)
+    assert result.tokens == expected

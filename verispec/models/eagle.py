@@ -41,10 +41,6 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.draft_vocab = min(draft_vocab, body.config.vocab_size)
 
-    @property
-    def config(self):
-        return self.body.config
-
     @classmethod
     def for_target(cls, target: LlamaForCausalLM, draft_vocab: int, init_layer: int | None = None) -> "EagleHead":
         """A fresh head over ``target``: its layer a copy of the target's ``init_layer`` (default: the

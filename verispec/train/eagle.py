@@ -231,43 +231,21 @@ def evaluate_head(head: EagleHead, batches, count: int, recipe: EagleRecipe) -> 
     return sums
 
 
-def heldout_feature_batches(target, encode, eos_id: int, render_chat, name: str, windows: int, seq_len: int):
-    """Held-out windows of one workload with the target's features: an iterator of one batch."""
-    documents = corpus.load_workload(name, "heldout", render_chat)
-    ids: list[int] = []
-    for text in documents[:64]:
-        ids.extend(encode([text])[0] + [eos_id])
-    width = seq_len + 1
-    usable = min(len(ids) // width, windows) * width
-    tokens = torch.tensor(ids[:usable]).view(-1, width)
-    features = target_features(target, tokens).float()
-    return iter([(tokens, features)])
-
-
 def train_eagle(recipe: EagleRecipe, minutes: float, extract_minutes: float, target_name: str,
                 out_dir: str | Path, run_dir: str | Path, init_dir: str | Path | None = None) -> dict:
     """Extract features for ``extract_minutes`` (added to the cache in ``run_dir/features``), then train
     the head for ``minutes`` over the whole cache; write it to ``out_dir``."""
-    from verispec.loading import load_target_and_tokenizer
     from verispec.models.eagle import load_eagle
-    from verispec.train.gguf_draft import chat_renderer
+    from verispec.train.gguf_draft import load_teacher
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    target, tokenizer = load_target_and_tokenizer(target_name, kernels=False)
-    target.eval()
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    render = chat_renderer(tokenizer) if getattr(tokenizer, "chat_template", None) else None
-    eos_ids = target.config.eos_ids
-    eos_id = eos_ids[-1] if len(eos_ids) > 1 else eos_ids[0]
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
-
+    teacher = load_teacher(target_name)
+    target = teacher.model
     extraction = {}
     if extract_minutes > 0:
-        extraction = extract_features(target, encode, eos_id, render, recipe, extract_minutes, run_dir / "features")
+        extraction = extract_features(target, teacher.encode, teacher.eos_id, teacher.render, recipe, extract_minutes,
+                                      run_dir / "features")
     torch.manual_seed(recipe.optim.seed)
     if init_dir is not None:
         head = load_eagle(init_dir, target, kernels=False)
@@ -294,8 +272,8 @@ def train_eagle(recipe: EagleRecipe, minutes: float, extract_minutes: float, tar
     head.eval()
     heldout = {}
     for name in corpus.WORKLOADS:
-        held = heldout_feature_batches(target, encode, eos_id, render, name, 16, recipe.optim.seq_len)
-        heldout[name] = evaluate_head(head, held, 1, recipe)
+        tokens = teacher.heldout_windows(name, 16, recipe.optim.seq_len)
+        heldout[name] = evaluate_head(head, iter([(tokens, target_features(target, tokens).float())]), 1, recipe)
         logger.info("held-out %s: %s", name, heldout[name])
     metrics = {"recipe": asdict(recipe), "target": target_name,
                "parameters_trained": sum(p.numel() for p in head.trainable_parameters()),

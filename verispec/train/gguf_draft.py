@@ -51,8 +51,46 @@ class GgufDraftRecipe:
     mix: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
 
 
+@dataclass(frozen=True)
+class Teacher:
+    """A target loaded for training against (frozen, torch's path) with what its text needs: ids for
+    documents, the end-of-document id, and chats in its own template (None: the embedded format)."""
+
+    model: LlamaForCausalLM
+    tokenizer: object
+    eos_id: int
+    render: object
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def heldout_windows(self, name: str, windows: int, seq_len: int) -> torch.Tensor:
+        """Up to ``windows`` windows (W, seq_len + 1) of the held-out split of one workload (its first 64
+        documents, each followed by the end-of-document id)."""
+        ids: list[int] = []
+        for text in corpus.load_workload(name, "heldout", self.render)[:64]:
+            ids.extend(self.encode([text])[0] + [self.eos_id])
+        width = seq_len + 1
+        usable = min(len(ids) // width, windows) * width
+        return torch.tensor(ids[:usable]).view(-1, width)
+
+
+def load_teacher(target: str) -> Teacher:
+    from verispec.loading import load_target_and_tokenizer
+
+    model, tokenizer = load_target_and_tokenizer(target, kernels=False)
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    eos_ids = model.config.eos_ids
+    return Teacher(model, tokenizer, eos_ids[-1] if len(eos_ids) > 1 else eos_ids[0], chat_renderer(tokenizer))
+
+
 def chat_renderer(tokenizer):
-    """A ``corpus.ChatRenderer`` through the tokenizer's own chat template."""
+    """A ``corpus.ChatRenderer`` through the tokenizer's own chat template; None without one."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
     def render(messages, add_generation_prompt: bool) -> str:
         return tokenizer.apply_chat_template([{"role": role, "content": text} for role, text in messages],
                                              tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -135,14 +173,11 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
                      run_dir: str | Path, init_dir: str | Path | None = None) -> dict:
     """Distil for ``minutes`` of wall time; ``init_dir`` continues from a draft this function exported
     (its layers and final norm; the embedding stays the target's)."""
-    from verispec.loading import load_target_and_tokenizer
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    teacher, tokenizer = load_target_and_tokenizer(target, kernels=False)
-    teacher.eval()
-    for parameter in teacher.parameters():
-        parameter.requires_grad_(False)
+    loaded = load_teacher(target)
+    teacher, tokenizer, render, eos_id, encode = (loaded.model, loaded.tokenizer, loaded.render, loaded.eos_id,
+                                                  loaded.encode)
     torch.manual_seed(recipe.optim.seed)
     draft = draft_from_target(teacher, recipe.layers)
     if init_dir is not None:
@@ -155,12 +190,6 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
         draft.load_state_dict(start.state_dict())
         draft.model.embed_tokens.weight = draft.lm_head.weight = teacher.model.embed_tokens.weight
         logger.info("draft: continuing from %s", init_dir)
-    render = chat_renderer(tokenizer)
-    eos_id = teacher.config.eos_ids[-1] if len(teacher.config.eos_ids) > 1 else teacher.config.eos_ids[0]
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
-
     stream = MixedTokenStream(encode, eos_id, recipe.mix, split="train", seed=recipe.optim.seed, render_chat=render)
     batches = WindowBatches(stream, recipe.optim.seq_len, recipe.optim.micro_batch, seed=recipe.optim.seed)
     batches.prime()
@@ -182,13 +211,7 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
     plot_losses(history.records, keys, run_dir / "loss.png", "draft distillation loss")
     heldout = {}
     for name in corpus.WORKLOADS:
-        documents = corpus.load_workload(name, "heldout", render)
-        ids: list[int] = []
-        for text in documents[:64]:
-            ids.extend(encode([text])[0] + [eos_id])
-        width = recipe.optim.seq_len + 1
-        usable = min(len(ids) // width, recipe.eval.windows_per_workload) * width
-        windows = torch.tensor(ids[:usable]).view(-1, width)
+        windows = loaded.heldout_windows(name, recipe.eval.windows_per_workload, recipe.optim.seq_len)
         heldout[name] = evaluate(draft, teacher, windows, recipe.draft_vocab, recipe.eval.micro_batch)
         logger.info("held-out %s: %s", name, heldout[name])
     metrics = {"recipe": asdict(recipe), "target": target, "parameters_trained": sum(
