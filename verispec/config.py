@@ -24,12 +24,17 @@ DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit", "eagle")
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0, top_p 1 and min_p 0 switch their filter off."""
+    """temperature 0 means greedy; top_k 0, top_p 1 and min_p 0 switch their filter off.
+
+    ``guide``: a request's grammar constraint (``verispec.grammar.Constraint``), whose mask comes
+    before every other transform, for target and drafts alike; None for unconstrained output. It is
+    per-request state, so it takes no part in comparing or hashing parameters."""
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    guide: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # inf would make every distribution uniform

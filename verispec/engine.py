@@ -15,7 +15,7 @@ Invariants kept by every round (docs/algorithms.md, "KV state follows the commit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -25,6 +25,7 @@ from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.errors import ContextError, VerispecError
+from verispec.grammar import apply_mask
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
@@ -65,6 +66,8 @@ class SpecEngine:
         """An iterator over emitted chunks (lists of token ids); ``.result`` once exhausted."""
         if spec.enabled and self.drafter is None:
             raise VerispecError("speculation is on but no drafter was given; pass a draft model or use --no-spec")
+        if sampling.guide is not None and stop.ignore_eos:
+            raise VerispecError("a grammar ends the output with EOS; drop ignore_eos (--ignore-eos) to use one")
         return Generation(self, list(prompt_ids), sampling, spec, stop, seed)
 
 
@@ -94,6 +97,8 @@ class Generation:
         # from the passes that run anyway: the prefill's and each verification's.
         self.feeds_features = spec.enabled and engine.drafter is not None and engine.drafter.wants_features
         self._round_features: torch.Tensor | None = None  # (K + 1, H) of the last verification
+        self.guide = sampling.guide  # a grammar constraint (verispec.grammar), or None
+        self._round_masks: torch.Tensor | None = None  # (K + 1, V): the grammar's mask per verified row
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
@@ -136,6 +141,8 @@ class Generation:
             logits = self.engine.target.forward(torch.tensor([self.context]), self.cache, last_only=True)
         logits = logits.cpu()
         self.cache.commit(0, len(self.context))
+        if self.guide is not None:
+            logits = apply_mask(logits, self.guide.mask())
         token = sample_from(logits_to_probs(logits[0, -1], self.sampling), self.generator)
         self.stats.prefill_s = time.perf_counter() - began
         return token
@@ -150,10 +157,13 @@ class Generation:
         elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= self._cache_room():
             # A tree's pass writes all its nodes to the cache; near the end of the context the round
             # drafts a chain of what is left instead, verified as exactly.
+            # Trees draft without the grammar: their rows get its masks at verification.
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
-                                            self.sampling, self.generator)
+                                            replace(self.sampling, guide=None), self.generator)
         else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
+        if self.guide is not None and proposal.tree is None:
+            proposal = self._guide_chain(proposal)
         record.draft_s = time.perf_counter() - began
         record.tree_nodes = proposal.num_drafts
         # Positions a round could accept: K for a chain, the depth for a tree.
@@ -163,6 +173,16 @@ class Generation:
             reads = drafter.reads()
             record.draft_read_s = reads.prompt_s + reads.backlog_s
         return proposal
+
+    def _guide_chain(self, proposal: Proposal) -> Proposal:
+        """The drafts the grammar allows (cut at the first it forbids: it could never be accepted), with
+        the masks of the rows that verify them kept for ``_verify``."""
+        allowed, self._round_masks = self.guide.round_masks(proposal.tokens.tolist())
+        if allowed == proposal.num_drafts:
+            return proposal
+        return Proposal(proposal.tokens[:allowed], None if proposal.probs is None else proposal.probs[:allowed],
+                        exit_hidden=None if proposal.exit_hidden is None else proposal.exit_hidden[:, :allowed],
+                        exit_layer=proposal.exit_layer)
 
     def _cache_room(self) -> int:
         """Positions the target's cache (and the draft model's, when one drafts) can still take."""
@@ -191,6 +211,9 @@ class Generation:
         else:
             fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
             logits = self._target_pass(fed)  # (K+1, V); verified on the CPU
+        if self.guide is not None:  # the grammar's mask per row, then the staged drafts rolled back
+            logits = apply_mask(logits, self._round_masks)
+            self.guide.unstage()
         if self.sampling.greedy:
             verdict = verify_chain_greedy(proposal.tokens.tolist(), greedy_ids(logits))
         else:
@@ -230,6 +253,8 @@ class Generation:
         buffers = tree.compile()
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
         logits = self._target_pass(fed, tree_mask=buffers.ancestor_mask, depths=buffers.depths)  # (N+1, V)
+        if self.guide is not None:
+            logits = apply_mask(logits, self.guide.tree_masks(tree.parents, tree.tokens))
         if self.sampling.greedy:
             verdict = verify_tree_greedy(tree, greedy_ids(logits))
         else:
@@ -289,6 +314,8 @@ class Generation:
         cut = apply_stop_rules(tokens, self.generated, self.stop, self.engine.decode)
         self.generated.extend(cut.kept)
         self.context.extend(cut.kept)
+        if self.guide is not None:
+            self.guide.advance(cut.kept)
         self.stats.generated_tokens = len(self.generated)
         if cut.finish_reason is not None:
             self.finish_reason = cut.finish_reason

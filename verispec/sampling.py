@@ -95,7 +95,26 @@ def draw_draft(logits: torch.Tensor, params: SamplingParams,
 
     Greedy drafts are a point mass on the argmax (q None: the verifier treats them as one-hot);
     otherwise the token is sampled from the request's transformed distribution, which is returned.
+    With a grammar (``params.guide``) the logits are masked first and the draft is staged in the
+    matcher; a draft that can score no allowed token proposes the lowest allowed id as a point mass.
     """
+    guide = params.guide
+    if guide is not None:
+        mask = guide.mask()
+        logits = logits.masked_fill(~mask[:logits.shape[-1]].to(logits.device), float("-inf"))
+        if not bool(torch.isfinite(logits).any()):
+            token = int(mask.nonzero()[0, 0])
+            guide.stage(token)
+            return token, None if params.greedy else torch.nn.functional.one_hot(
+                torch.tensor(token), logits.shape[-1]).float()
+        token, probs = _draw(logits, params, generator)
+        guide.stage(token)
+        return token, probs
+    return _draw(logits, params, generator)
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams,
+          generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
     if params.greedy:
         return greedy_ids(logits), None
     probs = logits_to_probs(logits, params)
