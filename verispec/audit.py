@@ -146,9 +146,13 @@ class AuditReport:
 
     def as_dict(self) -> dict:
         spec = {k: v for k, v in asdict(self.spec).items() if k != "extra"}
+        guide = self.sampling.guide
+        sampling = {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k,
+                    "top_p": self.sampling.top_p, "min_p": self.sampling.min_p,
+                    "grammar": None if guide is None else {"kind": guide.spec.kind, "source": guide.spec.source}}
         return {"verdict": self.verdict, "p_value": self.p_value, "tv": self.tv, "noise_floor": self.noise_floor,
                 "alpha": self.audit.alpha, "samples": self.audit.samples, "tokens": self.audit.tokens,
-                "seed": self.audit.seed, "config": {"sampling": asdict(self.sampling), "spec": spec},
+                "seed": self.audit.seed, "config": {"sampling": sampling, "spec": spec},
                 "prompts": [p.as_dict() for p in self.prompts], "notes": self.notes}
 
 
@@ -224,6 +228,7 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
     """
     import torch
 
+    from verispec.grammar import apply_mask
     from verispec.sampling import logits_to_probs
 
     if not sequences:
@@ -247,6 +252,9 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
             else:  # one-sequence caches (compressed attention): score whole rows from position 0
                 logits = target.train_forward(ids)[0]
             logits = logits[:, len(prompt_ids) - 1:]  # (B, n, V)
+            if sampling.guide is not None:  # each row under the grammar's masks along its own prefix
+                logits = torch.stack([apply_mask(logits[row].cpu(), sampling.guide.path_masks(list(prefix))[0])
+                                      for row, prefix in enumerate(chunk)])
             probs = logits_to_probs(logits, sampling).double().cpu()  # (B, n, V)
             for row, prefix in enumerate(chunk):
                 head = math.prod(float(probs[row, i, token]) for i, token in enumerate(prefix))
@@ -341,6 +349,7 @@ def add_parser(commands) -> None:
     cli.add_threads_option(audit)
     cli.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
     cli.add_spec_options(audit)
+    cli.add_grammar_options(audit)
     audit.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                        help="prompt text (repeatable); default: the first built-in prompt")
     audit.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
@@ -361,7 +370,7 @@ def add_parser(commands) -> None:
 
 def run_command(args) -> int:
     from verispec import cli
-    from verispec.loading import build_engine, check_model_args, encode_prompt, load_pair
+    from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair
 
     default_samples = THOROUGH_SAMPLES if args.thorough else DEFAULT_SAMPLES
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
@@ -369,6 +378,7 @@ def run_command(args) -> int:
                          seed=args.seed, alpha=args.alpha)
     sampling = cli.sampling_from_args(args)
     spec = cli.spec_from_args(args)
+    grammar = cli.grammar_from_args(args)
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
@@ -379,6 +389,7 @@ def run_command(args) -> int:
     prompts = [encode_prompt(pair.tokenizer, text.removeprefix(CHAT_PREFIX), chat=text.startswith(CHAT_PREFIX))
                for text in texts] + id_prompts
     labels = texts + [None] * len(id_prompts)
+    sampling = cli.guided(sampling, grammar, pair, eos_ids(pair.tokenizer, pair.target))
     report = run_audit(build_engine(pair, spec), prompts, sampling, spec, config, progress=True,
                        prompt_texts=labels)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
@@ -400,7 +411,8 @@ def format_report(report: AuditReport) -> str:
     method = spec.method if spec.drafter == "model" or not spec.enabled else f"{spec.method} ({spec.drafter})"
     lines = [f"audit: {method}, temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
              f"top-p {sampling.top_p:g}, min-p {sampling.min_p:g}; n = {audit.tokens} tokens, "
-             f"N = {audit.samples} per prompt, seed {audit.seed}",
+             f"N = {audit.samples} per prompt, seed {audit.seed}"
+             + ("" if sampling.guide is None else f"; under a {sampling.guide.spec.kind.replace('_', ' ')}"),
              f"{'prompt':<24} {'distinct':>8} {'unseen':>7} {'TV':>7} {'floor':>7} {'chi2/dof':>13} "
              f"{'p-value':>9} {'accepted/drafted':>17}"]
     for item in report.prompts:

@@ -23,6 +23,10 @@ A request with ``logprobs`` set gets, for each committed token, the target's raw
 (before temperature and truncation) and the ``logprobs`` most likely alternatives, read off the logits
 the round already has: the prefill's for the first token, then row i of the verification pass for
 the round's i-th committed token, whether accepted, recovered or bonus. Exact under speculation.
+
+A request under a grammar (``sampling.guide``, see ``verispec.grammar``) has its drafts drawn under
+the grammar's mask and staged in its matcher, cut at the first draft the grammar forbids, its rows
+verified under their masks, and the matcher advanced by what it commits.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
+from verispec.grammar import apply_mask
 from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
@@ -173,7 +178,11 @@ class BatchEngine:
         logits = logits[0, -1].cpu()
         view.commit(0, len(request.prompt_ids))
         self.cache.sync_row(row, view)
-        first = sample_from(logits_to_probs(logits, request.sampling), sequence.generator)
+        guide = request.sampling.guide
+        if guide is not None:
+            guide.reset()
+        sampled = logits if guide is None else apply_mask(logits, guide.mask())
+        first = sample_from(logits_to_probs(sampled, request.sampling), sequence.generator)
         logprobs = None if request.logprobs is None else token_logprobs(logits[None], [first], request.logprobs)
         if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
             self.draft_cache.set_length(row, 0)
@@ -223,8 +232,9 @@ class BatchEngine:
         num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         prompts_s, prompts, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0, 0.0, 0)
         drafts, draft_probs = self._propose(num_drafts)
+        masks = self._guide(drafts, draft_probs)
         drafted_at = time.perf_counter()
-        verdicts, logprobs = self._verify(drafts, draft_probs, num_drafts)
+        verdicts, logprobs = self._verify(drafts, draft_probs, num_drafts, masks)
         verified_at = time.perf_counter()
         events = self._commit(verdicts, logprobs, drafted=max(num_drafts) > 0)
         now = time.perf_counter()
@@ -292,7 +302,7 @@ class BatchEngine:
                 params = sequence.request.sampling
                 if step >= num_drafts[row]:  # this row needs no more drafts: pad without using its RNG
                     drafts[row].append(sequence.context[-1])
-                elif params.greedy:  # a point mass on the argmax, all rows' at once
+                elif params.greedy and params.guide is None:  # a point mass on the argmax, all rows' at once
                     drafts[row].append(greedy[row])
                 else:
                     token, q = draw_draft(last[row], params, sequence.generator)
@@ -302,6 +312,23 @@ class BatchEngine:
         self.draft_cache.sync_prefix(view)
         return ([d[:k] for d, k in zip(drafts, num_drafts)],
                 [torch.stack(p[:k]) if p and k else None for p, k in zip(probs, num_drafts)])
+
+    def _guide(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None]
+               ) -> list[torch.Tensor | None]:
+        """For rows under a grammar: their drafts cut at the first one it forbids (in place) and the masks
+        (k + 1, V) of the rows that verify them; None for the other rows."""
+        masks: list[torch.Tensor | None] = []
+        for row, sequence in enumerate(self.rows):
+            guide = sequence.request.sampling.guide
+            if guide is None:
+                masks.append(None)
+                continue
+            allowed, row_masks = guide.round_masks(drafts[row])
+            del drafts[row][allowed:]
+            if draft_probs[row] is not None:
+                draft_probs[row] = draft_probs[row][:allowed] if allowed else None
+            masks.append(row_masks)
+        return masks
 
     def _catch_up_alone(self) -> tuple[float, int, float, int]:
         """Feed the draft, row by row, every row's long backlog but its last token.
@@ -332,10 +359,10 @@ class BatchEngine:
             tokens += len(backlog)
         return prompts_s, prompts, total_s, tokens
 
-    def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None], num_drafts: list[int]
-                ) -> tuple[list[ChainResult], list[list[TokenLogprob] | None]]:
+    def _verify(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None], num_drafts: list[int],
+                masks: list[torch.Tensor | None]) -> tuple[list[ChainResult], list[list[TokenLogprob] | None]]:
         """Each row's verdict, and its committed tokens' logprobs if its request asked (row i of its logits
-        scored the round's i-th committed token)."""
+        scored the round's i-th committed token; raw, before a grammar's mask)."""
         width = max(num_drafts) + 1
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
@@ -348,10 +375,15 @@ class BatchEngine:
         verdicts = []
         for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):
             params, k = sequence.request.sampling, len(tokens)
+            row_logits = logits[row, :k + 1]
+            if params.guide is not None:
+                row_logits = apply_mask(row_logits, masks[row])
+                params.guide.unstage()
             if params.greedy:
-                verdicts.append(verify_chain_greedy(tokens, argmax[row][:k + 1]))
+                verdicts.append(verify_chain_greedy(
+                    tokens, argmax[row][:k + 1] if params.guide is None else greedy_ids(row_logits)))
             else:
-                target_probs = logits_to_probs(logits[row, :k + 1], params)
+                target_probs = logits_to_probs(row_logits, params)
                 verdicts.append(verify_chain(draft_tokens=torch.tensor(tokens, dtype=torch.long),
                                              draft_probs=draft_probs[row], target_probs=target_probs,
                                              generator=sequence.generator))
@@ -383,6 +415,8 @@ class BatchEngine:
         cut = apply_stop_rules(tokens, sequence.generated, sequence.request.stop, self.decode)
         sequence.generated.extend(cut.kept)
         sequence.context.extend(cut.kept)
+        if sequence.request.sampling.guide is not None:
+            sequence.request.sampling.guide.advance(cut.kept)
         sequence.stats.generated_tokens = len(sequence.generated)
         return BatchEvent(sequence.request.request_id, cut.kept, cut.finish_reason, cut.stop_text_index,
                           logprobs=None if logprobs is None else logprobs[:len(cut.kept)])

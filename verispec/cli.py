@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop string (repeatable); the text is cut before it")
     gen.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message with the chat template")
+    add_grammar_options(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, stats")
     gen.add_argument("--verbose", action="store_true", help="log progress")
     gen.set_defaults(run=_run_generate)
@@ -258,6 +259,46 @@ def add_sampling_options(parser: argparse.ArgumentParser, temperature: float = 0
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
+def add_grammar_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    group.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid for this schema")
+    group.add_argument("--json-object", action="store_true", help="constrain the output to any JSON object")
+    group.add_argument("--regex", metavar="PATTERN", help="constrain the output to match this regular expression")
+    group.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark grammar")
+
+
+def grammar_from_args(args):
+    """The ``GrammarSpec`` the grammar options ask for (files read and checked here), or None."""
+    from verispec.grammar import GrammarSpec
+
+    if args.json_object:
+        return GrammarSpec("json_object")
+    if args.regex is not None:
+        return GrammarSpec("regex", args.regex)
+    for option, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise VerispecError(f"cannot read {option} {path!r}: {err.strerror if isinstance(err, OSError) else err}") \
+                from None
+        return GrammarSpec.json_schema(text) if option == "--json-schema" else GrammarSpec("lark", text)
+    return None
+
+
+def guided(sampling, grammar, pair, eos: list[int]):
+    """``sampling`` with a fresh matcher for ``grammar`` over the pair's tokenizer (unchanged if None)."""
+    import dataclasses
+
+    from verispec.grammar import GrammarCompiler
+
+    if grammar is None:
+        return sampling
+    compiler = GrammarCompiler(pair.tokenizer, pair.target.config.vocab_size, eos)
+    return dataclasses.replace(sampling, guide=compiler.constraint(grammar))
+
+
 def sampling_from_args(args):
     from verispec.config import SamplingParams
 
@@ -272,6 +313,7 @@ def _run_generate(args) -> int:
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
+    grammar = grammar_from_args(args)
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
@@ -282,6 +324,7 @@ def _run_generate(args) -> int:
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),
                      ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop))
+    sampling = guided(sampling, grammar, pair, list(stop.eos_ids))
     engine = build_engine(pair, spec)
     result = engine.generate(prompt_ids, sampling, spec, stop, seed=args.seed)
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)

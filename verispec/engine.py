@@ -66,8 +66,6 @@ class SpecEngine:
         """An iterator over emitted chunks (lists of token ids); ``.result`` once exhausted."""
         if spec.enabled and self.drafter is None:
             raise VerispecError("speculation is on but no drafter was given; pass a draft model or use --no-spec")
-        if sampling.guide is not None and stop.ignore_eos:
-            raise VerispecError("a grammar ends the output with EOS; drop ignore_eos (--ignore-eos) to use one")
         return Generation(self, list(prompt_ids), sampling, spec, stop, seed)
 
 
@@ -98,6 +96,8 @@ class Generation:
         self.feeds_features = spec.enabled and engine.drafter is not None and engine.drafter.wants_features
         self._round_features: torch.Tensor | None = None  # (K + 1, H) of the last verification
         self.guide = sampling.guide  # a grammar constraint (verispec.grammar), or None
+        if self.guide is not None:
+            self.guide.reset()  # the grammar constrains this request's output from its first token
         self._round_masks: torch.Tensor | None = None  # (K + 1, V): the grammar's mask per verified row
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -20,7 +20,9 @@ Trees draft without the mask; each node's row gets the mask of the state after i
 grammar forbids is never accepted, so the rows below it are never used).
 
 JSON is compact (no free whitespace between tokens), so a constrained answer ends with EOS, which the
-mask allows once the grammar is complete and forces once nothing else can follow.
+mask allows once the grammar is complete and forces once nothing else can follow; past EOS the mask
+allows EOS alone (so ``ignore_eos`` pads a finished answer with EOS, a fixed-length sequence that the
+audit can score exactly).
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class Constraint:
 
     # ---- the mask at the current state ---------------------------------------------------------------
 
+    def reset(self) -> None:
+        """Back to the grammar's start, nothing staged (a constraint serves one request at a time)."""
+        self.matcher.reset()
+        self._mask = None
+        self.staged, self.staged_masks, self._staged_consumed = [], [], 0
+
     def mask(self) -> torch.Tensor:
         """The allowed tokens now; never empty: past the end of the grammar (EOS consumed), EOS."""
         if self._mask is None:
@@ -209,6 +217,23 @@ class Constraint:
             rows.append(self.mask() if consumed == len(path) else torch.ones(self.vocab_size, dtype=torch.bool))
             self.unstage()
         return torch.stack(rows)
+
+    def path_masks(self, tokens: list[int]) -> tuple[torch.Tensor, int]:
+        """From the grammar's start: masks (len(tokens) + 1, V), row i the state after tokens[:i], and how
+        many leading tokens the grammar allows (rows past the first forbidden one allow everything).
+        Leaves the constraint at its start."""
+        self.reset()
+        rows, allowed = [], 0
+        for token in tokens:
+            rows.append(self.mask())
+            if not self.stage(token):
+                break
+            allowed += 1
+        if allowed == len(tokens):
+            rows.append(self.mask())
+        rows += [torch.ones(self.vocab_size, dtype=torch.bool)] * (len(tokens) + 1 - len(rows))
+        self.reset()
+        return torch.stack(rows), allowed
 
     # ---- committed tokens ----------------------------------------------------------------------------
 

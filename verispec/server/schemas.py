@@ -63,6 +63,10 @@ class _Common(BaseModel):
     n: int = 1
     ignore_eos: bool = False
     return_spec_stats: bool = False
+    # Structured outputs: OpenAI's response_format (json_object, json_schema), or this server's
+    # structured_outputs (exactly one of "json": a schema, "regex": a pattern, "grammar": Lark text).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     # Accepted for compatibility; anything but their neutral value is refused (see ``unsupported``).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -109,13 +113,9 @@ class ChatCompletionRequest(_Common):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:
-        extra = ["tools"] if self.tools else []
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            extra.append("response_format")
-        return super().unsupported() + extra
+        return super().unsupported() + (["tools"] if self.tools else [])
 
 
 # ---- responses ------------------------------------------------------------------------------------------
