@@ -15,7 +15,7 @@ Invariants kept by every round (docs/algorithms.md, "KV state follows the commit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -157,9 +157,8 @@ class Generation:
         elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= self._cache_room():
             # A tree's pass writes all its nodes to the cache; near the end of the context the round
             # drafts a chain of what is left instead, verified as exactly.
-            # Trees draft without the grammar: their rows get its masks at verification.
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
-                                            replace(self.sampling, guide=None), self.generator)
+                                            self.sampling, self.generator)
         else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         if self.guide is not None and proposal.tree is None:

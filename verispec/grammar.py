@@ -16,8 +16,9 @@ Under speculation the matcher runs ahead of what is committed, and rolls back:
   proposal at the first one the grammar forbids (its target probability is 0: it could never be
   accepted), and takes one mask per verified row: K + 1 for K drafts;
 - the staged drafts are rolled back, and the committed tokens then advance the matcher for good.
-Trees draft without the mask; each node's row gets the mask of the state after its path (a node the
-grammar forbids is never accepted, so the rows below it are never used).
+Trees: each node's children are drafted under the mask of the state after the node's path (static
+trees: the main path; dynamic trees: every expanded node), and each node's row is verified under it (a
+node the grammar forbids is never accepted, so the rows below it are never used).
 
 JSON is compact (no free whitespace between tokens), so a constrained answer ends with EOS, which the
 mask allows once the grammar is complete and forces once nothing else can follow; past EOS the mask
@@ -198,6 +199,15 @@ class Constraint:
             self.matcher.rollback(self._staged_consumed)
             self._mask = None
         self.staged, self.staged_masks, self._staged_consumed = [], [], 0
+
+    def mask_after(self, tokens: list[int]) -> torch.Tensor:
+        """The mask after ``tokens`` staged past the committed state (a tree node's path), nothing left
+        staged; all False if the grammar forbids the path."""
+        self.unstage()
+        allowed = all(self.stage(token) for token in tokens)
+        mask = self.mask() if allowed else torch.zeros(self.vocab_size, dtype=torch.bool)
+        self.unstage()
+        return mask
 
     def tree_masks(self, parents: list[int], tokens: list[int]) -> torch.Tensor:
         """Masks (N + 1, V) for a tree's rows: row 0 the root's (the committed state), row i the state

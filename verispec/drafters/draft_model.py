@@ -20,6 +20,7 @@ import torch
 from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal, common_prefix_length, head_args
 from verispec.models.llama import LlamaForCausalLM
+from verispec.grammar import apply_mask
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import AcceptanceCalibration, TokenTree
 
@@ -76,11 +77,11 @@ class DraftModelDrafter(DrafterBase):
         if sampling.greedy:
             mode = "deterministic"  # q is a point mass: only top-k children make sense
         if shape.dynamic:
-            return self._propose_dynamic(context, shape)
+            return self._propose_dynamic(context, shape, sampling.guide)
         return static_tree(context[-1], shape, mode, sampling, generator, self._catch_up(context),
                            lambda token: self._feed([token]))
 
-    def _propose_dynamic(self, context: list[int], shape: TreeShape) -> Proposal:
+    def _propose_dynamic(self, context: list[int], shape: TreeShape, guide=None) -> Proposal:
         """Expand the ``branching`` best nodes per level, then keep the budget's best nodes; a node's
         score is the log of its path's calibrated acceptance (``AcceptanceCalibration``), learned from
         earlier rounds of this drafter, so depth wins where the draft's top token is reliably accepted."""
@@ -95,12 +96,16 @@ class DraftModelDrafter(DrafterBase):
         for step in range(shape.depth):
             candidates = []
             for node, probs in zip(frontier, frontier_probs):
+                if guide is not None:  # children only among what the grammar allows after the node
+                    probs = probs * guide.mask_after(pool_path(pool, node))
                 values, ids = probs.topk(shape.branching)
                 for rank, (prob, token) in enumerate(zip(values.tolist(), ids.tolist())):
+                    if guide is not None and prob <= 0:
+                        break
                     score = pool[node][2] + math.log(max(self.calibration.rate(prob, rank), 1e-9))
                     candidates.append(len(pool))
                     pool.append((node, token, score, pool[node][3] + 1, prob, rank))
-            if step == shape.depth - 1:
+            if step == shape.depth - 1 or not candidates:
                 break
             frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
             frontier_probs = self._feed_level(frontier, pool, staged)
@@ -180,6 +185,15 @@ class DraftModelDrafter(DrafterBase):
         self.cache.set_length(0, keep)
 
 
+def pool_path(pool: list[tuple], node: int) -> list[int]:
+    """The tokens from the root's child down to pool entry ``node`` (entries: (parent, token, ...))."""
+    tokens = []
+    while node > 0:
+        tokens.append(pool[node][1])
+        node = pool[node][0]
+    return tokens[::-1]
+
+
 def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: SamplingParams,
                 generator: torch.Generator, logits: torch.Tensor, advance) -> Proposal:
     """A static sN_kK_dD tree grown along its main path: each level's children are drawn (per ``mode``)
@@ -191,6 +205,9 @@ def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: Sampli
     for level in range(1, shape.depth + 1):
         width = 1 + min(shape.branching - 1, extras)
         extras -= width - 1
+        if sampling.guide is not None:  # the grammar's mask after the main path so far
+            main_path = [tokens[node] for node in _path(parents, main)]
+            logits = apply_mask(logits, sampling.guide.mask_after(main_path))
         children, q = _draw_children(logits, width, mode, sampling, generator)
         if q is not None:
             rows[main] = q
@@ -201,6 +218,15 @@ def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: Sampli
         if level < shape.depth:
             logits = advance(tokens[main])
     return _tree_proposal(parents, tokens, rows, logits.shape[-1])
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's first child down to ``node`` (empty for the root)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def top_tokens(logits: torch.Tensor, count: int) -> list[int]:
@@ -217,8 +243,8 @@ def top_tokens(logits: torch.Tensor, count: int) -> list[int]:
 def _draw_children(logits: torch.Tensor, width: int, mode: SiblingMode, sampling: SamplingParams,
                    generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
     """Child tokens of one node and the q they were drawn from (None for point masses)."""
-    if mode == "deterministic":
-        return top_tokens(logits, width), None
+    if mode == "deterministic":  # never a token at -inf (one a grammar forbids)
+        return top_tokens(logits, min(width, max(1, int(torch.isfinite(logits).sum())))), None
     q = logits_to_probs(logits, sampling)
     if mode == "iid":
         return [sample_from(q, generator) for _ in range(width)], q

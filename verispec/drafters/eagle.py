@@ -27,7 +27,7 @@ import torch
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal
-from verispec.drafters.draft_model import _tree_proposal, static_tree
+from verispec.drafters.draft_model import _tree_proposal, pool_path, static_tree
 from verispec.models.eagle import EagleHead
 from verispec.sampling import draw_draft
 
@@ -120,7 +120,7 @@ class EagleDrafter(DrafterBase):
         base = self.cache.lengths[0]
         try:
             if shape.dynamic:
-                return self._dynamic_tree(context, shape, normed, base)
+                return self._dynamic_tree(context, shape, normed, base, sampling.guide)
             path = [normed]  # the main path's predicted features: the next level grows from the last
 
             def advance(token: int) -> torch.Tensor:
@@ -133,7 +133,8 @@ class EagleDrafter(DrafterBase):
         finally:
             self.cache.set_length(0, base)
 
-    def _dynamic_tree(self, context: list[int], shape: TreeShape, root: torch.Tensor, base: int) -> Proposal:
+    def _dynamic_tree(self, context: list[int], shape: TreeShape, root: torch.Tensor, base: int,
+                      guide=None) -> Proposal:
         # pool entries: (parent pool index, token, cumulative log probability, depth)
         pool: list[tuple[int, int, float, int]] = [(-1, context[-1], 0.0, 0)]
         features = {0: root}
@@ -143,11 +144,15 @@ class EagleDrafter(DrafterBase):
         for step in range(shape.depth):
             candidates = []
             for node, probs in zip(frontier, frontier_probs):
+                if guide is not None:  # children only among what the grammar allows after the node
+                    probs = probs * guide.mask_after(pool_path(pool, node))
                 values, ids = probs.topk(shape.branching)
                 for prob, token in zip(values.tolist(), ids.tolist()):
+                    if guide is not None and prob <= 0:
+                        break
                     candidates.append(len(pool))
                     pool.append((node, token, pool[node][2] + math.log(max(prob, 1e-30)), pool[node][3] + 1))
-            if step == shape.depth - 1:
+            if step == shape.depth - 1 or not candidates:
                 break
             frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
             own = staged + frontier
