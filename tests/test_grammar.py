@@ -116,8 +116,8 @@ def test_staged_drafts_roll_back_and_their_masks_are_a_fresh_matchers(pair, comp
     guide.advance(ids(pair, "ab"))
     before = guide.mask().clone()
     drafts = ids(pair, "a-12-3")
-    allowed, masks = guide.round_masks(drafts)
-    assert allowed == len(drafts) and masks.shape == (len(drafts) + 1, guide.vocab_size)
+    allowed, forced, masks = guide.round_masks(drafts)
+    assert allowed == len(drafts) and forced == [] and masks.shape == (len(drafts) + 1, guide.vocab_size)
     reference, count = compiler.constraint(GRAMMARS["regex"]).path_masks(ids(pair, "ab") + drafts)
     assert count == len(drafts) + 2 and torch.equal(masks, reference[2:])
     guide.unstage()
@@ -127,8 +127,8 @@ def test_staged_drafts_roll_back_and_their_masks_are_a_fresh_matchers(pair, comp
 def test_a_proposal_is_cut_at_the_first_draft_the_grammar_forbids(pair, compiler):
     guide = compiler.constraint(GRAMMARS["regex"])
     drafts = ids(pair, "ba-1x-22")  # "x" cannot follow "ba-1"
-    allowed, masks = guide.round_masks(drafts)
-    assert allowed == 4 and masks.shape[0] == 5
+    allowed, forced, masks = guide.round_masks(drafts, forced_limit=8)
+    assert allowed == 4 and forced == [] and masks.shape[0] == 5  # nothing is forced after a cut
     assert not masks[4][drafts[4]] and masks[4][ids(pair, "5")[0]]
     guide.unstage()
     assert guide.staged == [] and torch.equal(guide.mask(), compiler.constraint(GRAMMARS["regex"]).mask())
@@ -138,7 +138,7 @@ def test_a_drafter_that_staged_other_tokens_is_restaged_from_the_committed_state
     guide = compiler.constraint(GRAMMARS["regex"])
     for token in ids(pair, "aa"):
         assert guide.stage(token)
-    allowed, masks = guide.round_masks(ids(pair, "b-"))
+    allowed, _, masks = guide.round_masks(ids(pair, "b-"))
     reference, _ = compiler.constraint(GRAMMARS["regex"]).path_masks(ids(pair, "b-"))
     assert allowed == 2 and torch.equal(masks, reference)
 
@@ -165,6 +165,29 @@ def test_past_the_end_only_eos_follows(pair, compiler):
         assert guide.mask().nonzero().flatten().tolist() == eos
         guide.advance(eos[:1])
     assert guide.stage(eos[0]) and guide.round_masks(eos[:1] * 3)[0] == 3
+
+
+def test_tokens_the_grammar_forces_are_appended_as_free_drafts(pair, compiler):
+    guide = compiler.constraint(GrammarSpec("regex", "ab(c|d)xyz"))
+    allowed, forced, masks = guide.round_masks([], forced_limit=8)
+    assert allowed == 0 and forced == ids(pair, "ab") and masks.shape[0] == 3
+    reference, _ = compiler.constraint(GrammarSpec("regex", "ab(c|d)xyz")).path_masks(forced)
+    assert torch.equal(masks, reference)
+    guide.unstage()
+    allowed, forced, _ = guide.round_masks(ids(pair, "abc"), forced_limit=2)
+    assert allowed == 3 and forced == ids(pair, "xy")  # capped by the limit
+    guide.unstage()
+    assert guide.round_masks(ids(pair, "a"), forced_limit=0)[1] == []
+
+
+def test_plain_decoding_verifies_forced_tokens_in_the_same_pass(pair, compiler):
+    stop = StopRules(max_tokens=40, eos_ids=compiler.eos_ids)
+    spec = GrammarSpec("regex", '[ab]-(sunday|monday)-[0-9]')
+    result = engine_for(pair, "plain").generate(ids(pair, "Day: "), SamplingParams(
+        temperature=0, guide=compiler.constraint(spec)), SPECS["plain"], stop)
+    text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    assert re.fullmatch('[ab]-(sunday|monday)-[0-9]', text), text
+    assert result.stats.accepted >= 4 and len(result.stats.rounds) < len(result.tokens)  # "unday" etc. for free
 
 
 @pytest.mark.parametrize("spec, message", [

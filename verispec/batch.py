@@ -43,7 +43,7 @@ from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
-from verispec.grammar import apply_mask
+from verispec.grammar import FORCED_DRAFTS, apply_mask
 from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
@@ -243,9 +243,10 @@ class BatchEngine:
         # rounds of any gamma look slow. Reading a new request's prompt is a cost of speculating at
         # all: charged to speculation as a whole.
         report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, read_tokens, reads_s, prompts)
+        # (a grammar's forced drafts are free: the policy judges the drafter's own)
         self.gamma_policy.observe(len(verdicts), gamma, now - began - reads_s,
-                                  [v.num_accepted for v in verdicts], num_drafts)
-        self._record(sequences, events, verdicts, num_drafts,
+                                  [min(v.num_accepted, k) for v, k in zip(verdicts, num_drafts)], num_drafts)
+        self._record(sequences, events, verdicts, [len(d) for d in drafts],
                      (drafted_at - began, verified_at - drafted_at, now - verified_at))
         return [e for e in events if e.tokens or e.finished]
 
@@ -323,10 +324,17 @@ class BatchEngine:
             if guide is None:
                 masks.append(None)
                 continue
-            allowed, row_masks = guide.round_masks(drafts[row])
+            count = len(drafts[row])
+            room = min(FORCED_DRAFTS, sequence.request.stop.max_tokens - len(sequence.generated) - 1 - count,
+                       self.max_len - len(sequence.context) - 1 - count)
+            allowed, forced, row_masks = guide.round_masks(drafts[row], max(0, room))
             del drafts[row][allowed:]
             if draft_probs[row] is not None:
                 draft_probs[row] = draft_probs[row][:allowed] if allowed else None
+            if forced and draft_probs[row] is not None:  # free point-mass drafts after drawn ones
+                extra = torch.nn.functional.one_hot(torch.tensor(forced), draft_probs[row].shape[1])
+                draft_probs[row] = torch.cat([draft_probs[row], extra.to(draft_probs[row].dtype)])
+            drafts[row] += forced
             masks.append(row_masks)
         return masks
 
@@ -363,7 +371,7 @@ class BatchEngine:
                 masks: list[torch.Tensor | None]) -> tuple[list[ChainResult], list[list[TokenLogprob] | None]]:
         """Each row's verdict, and its committed tokens' logprobs if its request asked (row i of its logits
         scored the round's i-th committed token; raw, before a grammar's mask)."""
-        width = max(num_drafts) + 1
+        width = max(len(d) for d in drafts) + 1  # a grammar's forced tokens may lengthen a row's drafts
         rows = [[s.context[-1]] + d + [s.context[-1]] * (width - 1 - len(d)) for s, d in zip(self.rows, drafts)]
         view = self.cache.prefix_view(len(self.rows))
         if self.eagle is not None:  # the rows' features ride along for their heads

@@ -25,7 +25,7 @@ from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.errors import ContextError, VerispecError
-from verispec.grammar import apply_mask
+from verispec.grammar import FORCED_DRAFTS, apply_mask
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
@@ -168,16 +168,27 @@ class Generation:
         # Positions a round could accept: K for a chain, the depth for a tree.
         tree = proposal.tree
         record.drafted = int(tree.compile().depths.max()) if tree is not None else proposal.num_drafts
-        if record.drafted:  # the drafter read this round (its figures are the last read's)
+        if record.drafted and drafter is not None:  # the drafter read this round (its figures are the last read's)
             reads = drafter.reads()
             record.draft_read_s = reads.prompt_s + reads.backlog_s
         return proposal
 
     def _guide_chain(self, proposal: Proposal) -> Proposal:
-        """The drafts the grammar allows (cut at the first it forbids: it could never be accepted), with
-        the masks of the rows that verify them kept for ``_verify``."""
-        allowed, self._round_masks = self.guide.round_masks(proposal.tokens.tolist())
-        if allowed == proposal.num_drafts:
+        """The drafts the grammar allows (cut at the first it forbids: it could never be accepted), then
+        the tokens it forces after them as free point-mass drafts (plain decoding too), with the masks of
+        the rows that verify them kept for ``_verify``."""
+        count = proposal.num_drafts
+        room = min(FORCED_DRAFTS, self.stop.max_tokens - len(self.generated) - 1 - count, self._cache_room() - 1 - count)
+        if proposal.exit_hidden is not None:  # early exit resumes from its own drafts' hidden states only
+            room = 0
+        allowed, forced, self._round_masks = self.guide.round_masks(proposal.tokens.tolist(), max(0, room))
+        if forced:
+            extra = torch.tensor(forced, dtype=torch.long)
+            probs = proposal.probs
+            if probs is not None:
+                probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[1]).to(probs.dtype)])
+            return Proposal(torch.cat([proposal.tokens, extra]), probs)
+        if allowed == count:
             return proposal
         return Proposal(proposal.tokens[:allowed], None if proposal.probs is None else proposal.probs[:allowed],
                         exit_hidden=None if proposal.exit_hidden is None else proposal.exit_hidden[:, :allowed],

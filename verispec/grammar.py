@@ -14,7 +14,9 @@ Under speculation the matcher runs ahead of what is committed, and rolls back:
 - a drafter draws each draft from its masked q and *stages* it (``draw_draft`` does both);
 - the engine stages the drafts that were not drawn that way (n-gram lookups, point masses), cutting the
   proposal at the first one the grammar forbids (its target probability is 0: it could never be
-  accepted), and takes one mask per verified row: K + 1 for K drafts;
+  accepted), appends the tokens the grammar forces next (llguidance's fast-forward tokens: point-mass
+  drafts that cost no drafting, verified like any other, so plain decoding gains them too), and takes
+  one mask per verified row: K + 1 for K drafts;
 - the staged drafts are rolled back, and the committed tokens then advance the matcher for good.
 Trees: each node's children are drafted under the mask of the state after the node's path (static
 trees: the main path; dynamic trees: every expanded node), and each node's row is verified under it (a
@@ -37,6 +39,7 @@ import torch
 from verispec.errors import VerispecError
 
 KINDS = ("json_object", "json_schema", "regex", "lark")
+FORCED_DRAFTS = 16  # at most this many tokens the grammar forces are appended to a round's drafts
 
 
 class GrammarError(VerispecError):
@@ -183,16 +186,25 @@ class Constraint:
         self.staged.append(token)
         return True
 
-    def round_masks(self, drafts: list[int]) -> tuple[int, torch.Tensor]:
+    def round_masks(self, drafts: list[int], forced_limit: int = 0) -> tuple[int, list[int], torch.Tensor]:
         """Stage ``drafts`` (the drafter may have staged a prefix of them already) up to the first one the
-        grammar forbids: (how many it allows, n, and the n + 1 masks of the rows that verify them)."""
+        grammar forbids, then, if all were allowed, up to ``forced_limit`` tokens the grammar forces after
+        them (llguidance's fast-forward tokens: free drafts). Returns how many drafts it allows (n), the
+        forced tokens (f), and the n + f + 1 masks of the rows that verify them."""
         if self.staged != drafts[:len(self.staged)]:  # the drafter staged something else: start over
             self.unstage()
         allowed = len(self.staged)
         while allowed < len(drafts) and self.stage(int(drafts[allowed])):
             allowed += 1
-        masks = torch.stack(self.staged_masks[:allowed] + [self.mask()])
-        return allowed, masks
+        forced: list[int] = []
+        while allowed == len(drafts) and len(forced) < forced_limit and not self.finished:
+            run = self.matcher.compute_ff_tokens()[:forced_limit - len(forced)]
+            taken = next((i for i, token in enumerate(run) if not self.stage(token)), len(run))
+            forced += run[:taken]
+            if not run or taken < len(run):
+                break
+        masks = torch.stack(self.staged_masks[:allowed + len(forced)] + [self.mask()])
+        return allowed, forced, masks
 
     def unstage(self) -> None:
         if self._staged_consumed:
