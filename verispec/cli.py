@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from verispec.errors import VerispecError
 EPILOG = "Run 'verispec COMMAND --help' for a command's options. Docs: README.md."
 
 
-MAX_SWEEP = 256  # gammas a plan may sweep (the sweep is quadratic in it)
+MAX_SWEEP = 64  # gammas a plan may sweep or price: the engine's own bound on gamma (SpecConfig)
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with the CLI's error convention: a bad option is one line on stderr and exit status 2
+    (argparse's own also prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_text_arguments(args)
         apply_threads(args)
         return args.run(args) or 0
     except VerispecError as err:
@@ -45,8 +55,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+TEXT_ARGUMENTS = ("prompt", "stop", "regex", "api_key", "served_model_name", "name")  # text, not paths
+
+
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, text arguments that are not valid UTF-8 (undecodable bytes on the
+    command line arrive as lone surrogates, which no tokenizer or JSON encoder takes)."""
+    for name in TEXT_ARGUMENTS:
+        value = getattr(args, name, None)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    option = "the prompt" if name == "prompt" else f"--{name.replace('_', '-')}"
+                    raise VerispecError(f"{option} is not valid UTF-8 text") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="verispec", epilog=EPILOG,
         description="Lossless speculative decoding: a drafter proposes, the target verifies in one pass, "
                     "and a rejection sampler keeps the target's output distribution exactly.")
@@ -378,11 +405,12 @@ def _run_plan(args) -> int:
     if missing or (args.alpha is None and acceptance is None):
         raise VerispecError(f"give --alpha or --acceptance and {', '.join(missing) or 'the costs'}, "
                             "or --profile FILE")
-    for name in ("draft_ms", "verify_ms", "state_ms", "baseline_ms"):
-        if getattr(args, name) < 0:
-            raise VerispecError(f"--{name.replace('_', '-')} must be >= 0")
-    if args.gamma < 0:
-        raise VerispecError("--gamma must be >= 0")
+    for name in ("draft_ms", "verify_ms", "state_ms", "baseline_ms", "verify_slope_ms"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < math.inf:  # nan and inf would print a meaningless plan
+            raise VerispecError(f"--{name.replace('_', '-')} must be >= 0 and finite, got {value}")
+    if not 0 <= args.gamma <= MAX_SWEEP:
+        raise VerispecError(f"--gamma must be in 0..{MAX_SWEEP}, got {args.gamma}")
     if args.baseline_ms <= 0 or args.draft_ms + args.verify_ms + args.state_ms <= 0:
         raise VerispecError("--baseline-ms must be > 0 and a round must cost something (draft, verify or state > 0)")
     if args.sweep is not None and not 1 <= args.sweep <= MAX_SWEEP:
@@ -391,7 +419,13 @@ def _run_plan(args) -> int:
     if (args.sweep is not None or args.emit) and args.verify_slope_ms is not None:
         # --verify-ms is the cost at the given gamma; extrapolate linearly in verified positions.
         base = args.verify_ms - args.gamma * args.verify_slope_ms
+        if base + args.verify_slope_ms <= 0:
+            raise VerispecError(f"--verify-ms {args.verify_ms:g} at gamma {args.gamma} with --verify-slope-ms "
+                                f"{args.verify_slope_ms:g} leaves one verified position costing "
+                                f"{base + args.verify_slope_ms:g} ms; it must cost more than 0")
         verify = costmodel.linear_verify_cost(base, args.verify_slope_ms)
+    elif args.emit and args.verify_ms <= 0:
+        raise VerispecError("--emit scales --verify-ms with the batch size: it must be > 0")
     common = dict(draft_ms=args.draft_ms, verify_ms=verify, state_ms=args.state_ms,
                   baseline_ms=args.baseline_ms, alpha=args.alpha, acceptance=acceptance)
     if args.emit:
@@ -473,9 +507,12 @@ def _run_profile(args) -> int:
 
     if args.max_positions < 2 or args.repeats < 1 or args.context < 1 or args.threads < 0:
         raise VerispecError("--max-positions must be >= 2, --repeats and --context >= 1, --threads >= 0")
-    out_folder = Path(args.out).expanduser().resolve().parent
-    if not out_folder.is_dir():
-        raise VerispecError(f"--out {args.out}: the folder {str(out_folder)!r} does not exist")
+    if args.calibrate < 0 or not 1 <= args.calibrate_gamma <= MAX_SWEEP:
+        raise VerispecError(f"--calibrate must be >= 0 and --calibrate-gamma in 1..{MAX_SWEEP}, got "
+                            f"{args.calibrate} and {args.calibrate_gamma}")
+    for option, path in (("--out", args.out), ("--plot", args.plot)):  # before measuring, not after
+        if path is not None:
+            _check_writable(option, path)
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_pair(args.target, args.draft, device=args.device, backend=args.backend,
@@ -514,6 +551,21 @@ def _run_profile(args) -> int:
     return 0
 
 
+def _check_writable(option: str, path: str) -> None:
+    """Refuse, before any long work, an output path that cannot be written: a folder, a missing or
+    read-only parent folder."""
+    import os
+
+    target = Path(path).expanduser()
+    if not path or target.is_dir():
+        raise VerispecError(f"{option} {path!r} is a folder; give a file path")
+    folder = target.resolve().parent
+    if not folder.is_dir():
+        raise VerispecError(f"{option} {path}: the folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise VerispecError(f"{option} {path}: not writable")
+
+
 def _run_demo(args) -> int:
     from verispec.demo import run_demo
 
@@ -525,7 +577,12 @@ def _run_train(args) -> int:
         from verispec.train.train import main as train_main
     except ImportError as err:
         raise VerispecError(f"training needs the 'train' extra ({err}); pip install 'verispec[train]'") from None
-    return train_main(args.rest) or 0
+    try:
+        return train_main(args.rest) or 0
+    except SystemExit as err:  # the trainer's bad-value exits carry their message: make them one-line errors
+        if isinstance(err.code, str):
+            raise VerispecError(err.code) from None
+        raise
 
 
 def _check_emit(args) -> None:
@@ -544,7 +601,7 @@ def _print_emit(args, schedule_for) -> int:
     sizes = (args.batch_size,) if args.emit == "sglang" else plan_emit.BATCH_SIZES
     try:
         schedule = schedule_for(sizes)
-    except (ValueError, KeyError) as err:
+    except (ValueError, KeyError, ZeroDivisionError) as err:
         raise VerispecError(f"cannot plan a schedule: {err}") from None
     text = plan_emit.emit(args.emit, schedule, args.batch_size)
     if args.json:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from verispec.config import SIBLING_MODES, SpecConfig, TreeShape
+from verispec.config import SIBLING_MODES, SamplingParams, SpecConfig, TreeShape
 from verispec.errors import VerispecError
 
 WORKLOADS: tuple[str, ...] = ("sharegpt", "code", "math")
@@ -267,13 +267,46 @@ def _validate(config: BenchConfig) -> None:
         (config.spec.hf_assistant_schedule in ("constant", "heuristic", "heuristic_transient"),
          "hf_assistant_schedule must be constant, heuristic or heuristic_transient"),
     ]
+    draft_vocab = config.spec.draft_vocab
+    checks += [
+        (m.threads >= 0, f"models.threads must be >= 0, got {m.threads}"),
+        (draft_vocab in ("auto", "all") or (str(draft_vocab).isdigit() and int(draft_vocab) >= 1),
+         f"spec.draft_vocab must be auto, all or a number of token ids >= 1, got {draft_vocab!r}"),
+    ]
     for ok, message in checks:
         if not ok:
             raise VerispecError(f"bench config: {message}")
+    # Sampling values as the engine checks them, now rather than after the models load.
+    SamplingParams(temperature=config.sampling.temperature, top_k=config.sampling.top_k,
+                   top_p=config.sampling.top_p, min_p=config.sampling.min_p)
     names = [e.name for e in s.endpoints] + [l.name for l in s.launch]
     if len(set(names)) != len(names):
         raise VerispecError(f"bench config: serving endpoint names must be unique, got {names}")
     config.variants()  # parse every variant now, so a typo fails before any model loads
+
+
+def _check_serve_arguments(args: tuple[str, ...], where: str) -> None:
+    """The arguments a launched ``verispec serve`` gets, parsed and checked as that command will, so
+    that a typo fails now and not after the offline part of the run (the TOML file's launches, and
+    --serve's)."""
+    import contextlib
+    import io
+
+    from verispec.cli import build_parser
+    from verispec.server.cli import config_from_args
+
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+            parsed = build_parser().parse_args(["serve", *args])
+    except SystemExit:
+        reason = (errors.getvalue().strip().splitlines() or ["cannot be parsed"])[-1]
+        reason = reason.partition(" error: ")[2] or reason
+        raise VerispecError(f"bench config: {where} args: {reason.split(' (see ')[0]}") from None
+    try:
+        config_from_args(parsed)
+    except VerispecError as err:
+        raise VerispecError(f"bench config: {where} args: {err}") from None
 
 
 # ---- building from TOML / dicts -------------------------------------------------------------------------
@@ -283,9 +316,16 @@ def load_config(toml_path: str | Path | None = None, quick: bool = False, overri
     data: dict = {}
     if toml_path is not None:
         data = read_toml(toml_path)
+        for name in _NESTED:  # before merging, which would replace a non-table with the flags' table
+            if name in data and not isinstance(data[name], dict):
+                raise VerispecError(f"bench config: [{name}] must be a table, got {name} = {data[name]!r}")
     if quick:
         data = merge(data, QUICK_PRESET)
-    return from_dict(merge(data, overrides or {}))
+    config = from_dict(merge(data, overrides or {}))
+    for index, launch in enumerate(config.serving.launch):
+        if "PYTHONPATH" not in dict(launch.env):  # another checkout of verispec may take other options
+            _check_serve_arguments(launch.args, f"serving.launch[{index}] ({launch.name})")
+    return config
 
 
 def read_toml(path: str | Path) -> dict:
@@ -336,15 +376,15 @@ def _build(cls, data: dict, where: str):
         elif cls is ServingSettings and name == "endpoints":
             kwargs[name] = tuple(_build(Endpoint, e, path) for e in _listify(value, path))
         elif cls is ServingSettings and name == "launch":
-            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=tuple(e.get("args", ())),
+            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=_arguments(e.get("args", []), path),
                                                           env=_environment(e.get("env", {}), path)), path)
                                  for e in _listify(value, path))
         elif isinstance(value, list):
             _check_type(known[name], value, path)
-            kwargs[name] = tuple(_number(v) for v in value)
+            kwargs[name] = tuple(_number(v, known[name]) for v in value)
         else:
             _check_type(known[name], value, path)
-            kwargs[name] = _number(value)
+            kwargs[name] = _number(value, known[name])
     try:
         return cls(**kwargs)
     except TypeError as err:
@@ -352,26 +392,48 @@ def _build(cls, data: dict, where: str):
 
 
 def _check_type(field: dataclasses.Field, value, path: str) -> None:
-    """A value of the kind the field's default has (an int where an int is expected, a list where a list
-    is); fields whose default is None or that have no default take what their constructor accepts."""
-    default = field.default if field.default is not dataclasses.MISSING else None
-    if default is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(default, bool):
-        ok, kind = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        ok, kind = number and float(value).is_integer() and not isinstance(value, float), "an integer"
-    elif isinstance(default, float):
-        ok, kind = number or (isinstance(value, str) and value.lower() in ("inf", "infinity")), "a number"
-    elif isinstance(default, str):
-        ok, kind = isinstance(value, str), "a string"
-    elif isinstance(default, tuple):
-        ok, kind = isinstance(value, (list, tuple)), "a list"
-    else:
-        return
+    """A value of the kind the field's annotation names (an int where an int is expected, a list of
+    strings where ``tuple[str, ...]`` is); kinds not listed here are left to the constructor."""
+    ok, kind = _fits(str(field.type), value)
     if not ok:
         raise VerispecError(f"bench config: {path} must be {kind}, got {value!r}")
+
+
+_KINDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string", "None": "unset"}
+
+
+def _fits(annotation: str, value) -> tuple[bool, str]:
+    """(whether ``value`` fits ``annotation``, the kind in words); unknown annotations fit anything."""
+    options = [a.strip() for a in annotation.split("|")] if not annotation.startswith("tuple[") else [annotation]
+    kinds = []
+    for option in options:
+        if option.startswith("tuple[") and option.endswith(", ...]"):
+            item_ok = [_fits(option[len("tuple["):-len(", ...]")], v) for v in value] \
+                if isinstance(value, (list, tuple)) else [(False, "")]
+            item_kind = _fits(option[len("tuple["):-len(", ...]")], None)[1]
+            kinds.append(f"a list of {item_kind.removeprefix('an ').removeprefix('a ')}s"
+                         if item_kind in _KINDS.values() else "a list")
+            if all(ok for ok, _ in item_ok):
+                return True, kinds[-1]
+            continue
+        if option not in _KINDS:
+            return True, "anything"
+        kinds.append(_KINDS[option])
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ((option == "bool" and isinstance(value, bool))
+                or (option == "int" and number and isinstance(value, int))
+                or (option == "float" and (number or (isinstance(value, str) and value.lower() in ("inf", "infinity"))))
+                or (option == "str" and isinstance(value, str))
+                or (option == "None" and value is None)):
+            return True, kinds[-1]
+    return False, " or ".join(k for k in kinds if k != "unset")
+
+
+def _arguments(value, path: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise VerispecError(f"bench config: {path}.args must be a list of strings (arguments of verispec serve), "
+                            f"got {value!r}")
+    return value
 
 
 def _environment(value, path: str) -> tuple[tuple[str, str], ...]:
@@ -386,7 +448,9 @@ def _listify(value, path: str) -> list[dict]:
     return value
 
 
-def _number(value):
-    if isinstance(value, str) and value.lower() in ("inf", "infinity"):
+def _number(value, field: dataclasses.Field | None = None):
+    """"inf" as math.inf where the field takes numbers (request_rates = ["inf"]); anything else unchanged."""
+    takes_numbers = field is None or "float" in str(field.type)
+    if takes_numbers and isinstance(value, str) and value.lower() in ("inf", "infinity"):
         return math.inf
     return value

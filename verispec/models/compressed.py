@@ -41,7 +41,7 @@ from torch import nn
 
 from verispec.errors import CheckpointError, ContextError
 from verispec.kernels import accelerate
-from verispec.models.llama import MLP, RMSNorm
+from verispec.models.llama import MLP, RMSNorm, load_state
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
 MODEL_TYPE = "verispec_compressed"
@@ -105,6 +105,12 @@ class CompressedConfig:
         if raw.get("model_type") != MODEL_TYPE:
             raise CheckpointError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
         names = set(cls.__dataclass_fields__) - {"extra"}
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "window", "block", "hca_block", "max_position_embeddings"):
+            value, least = raw.get(key, 1), 0 if key == "hca_block" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                kind = "non-negative" if least == 0 else "positive"
+                raise CheckpointError(f"config.json: {key} must be a {kind} integer, got {value!r}")
         try:
             return cls(**{k: v for k, v in raw.items() if k in names})
         except TypeError as err:
@@ -553,8 +559,12 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     except Exception as err:  # safetensors raises several types for truncated files
         raise CheckpointError(f"cannot read {weights}: {err}") from None
     with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
-        model = CompressedForCausalLM(config)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            model = CompressedForCausalLM(config)
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as err:  # sizes torch cannot build
+            raise CheckpointError(f"{path / 'config.json'} does not describe a model: {type(err).__name__}: "
+                                  f"{(str(err).strip().splitlines() or [''])[0]}") from None
+        missing, unexpected = load_state(model, state, path)
         missing = [n for n in missing if not (config.tie_word_embeddings and n == "lm_head.weight")]
         if missing or unexpected:
             raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "

@@ -81,6 +81,7 @@ class LlamaConfig:
                 f"({', '.join(ARCHITECTURES)}); load it through the transformers adapter instead")
         if hf.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+        check_config_values(hf)
         rope = dict(hf.get("rope_parameters") or {})
         rope.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
         for key, value in (hf.get("rope_scaling") or {}).items():
@@ -121,6 +122,55 @@ class LlamaConfig:
 
     def rope_dict(self) -> dict:
         return {"rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+
+
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+
+
+def check_config_values(hf: dict) -> None:
+    """Refuse, with a CheckpointError naming the key, a config.json whose sizes are missing, not positive
+    integers, or do not divide as attention needs (before torch sees them and raises its own errors)."""
+    def positive_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    def positive_number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+    for key in REQUIRED_SIZES:
+        if key not in hf:
+            raise CheckpointError(f"config.json has no {key!r}; re-export the checkpoint")
+    for key in REQUIRED_SIZES + OPTIONAL_SIZES:
+        value = hf.get(key)
+        if (key in REQUIRED_SIZES or value is not None) and not positive_int(value):
+            raise CheckpointError(f"config.json: {key} must be a positive integer, got {value!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        if hf.get(key) is not None and not positive_number(hf[key]):
+            raise CheckpointError(f"config.json: {key} must be a positive number, got {hf[key]!r}")
+    heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    if heads % kv_heads:
+        raise CheckpointError(f"config.json: num_attention_heads ({heads}) must be a multiple of "
+                              f"num_key_value_heads ({kv_heads})")
+    if hf.get("head_dim") is None and hf["hidden_size"] % heads:
+        raise CheckpointError(f"config.json: hidden_size ({hf['hidden_size']}) must be a multiple of "
+                              f"num_attention_heads ({heads}), or give head_dim")
+    for key in ("bos_token_id", "eos_token_id"):
+        value = hf.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise CheckpointError(f"config.json: {key} must be a token id >= 0 (or a list of them), got {value!r}")
+
+
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> tuple[list[str], list[str]]:
+    """``model.load_state_dict(state, strict=False)``, whose shape mismatches (weights that do not fit
+    config.json) become one CheckpointError naming the first tensor."""
+    try:
+        return model.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        reason = lines[0] if lines else (str(err).strip().splitlines() or [""])[0]
+        raise CheckpointError(f"weights in {str(path)!r} do not fit its config.json: {reason.rstrip('.')}"
+                              f"{f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''}") from None
 
 
 class RMSNorm(nn.Module):
@@ -524,7 +574,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         model = LlamaForCausalLM(config)
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = load_state(model, state, path)
         shared = ("lm_head.weight", "model.embed_tokens.weight") if shared_embedding is not None else ()
         missing = [name for name in missing
                    if not (config.tie_word_embeddings and name == "lm_head.weight") and name not in shared]

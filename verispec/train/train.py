@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from dataclasses import replace
 from collections.abc import Sequence
@@ -33,7 +34,9 @@ DEFAULT_THREADS = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verispec train", description=__doc__.split("\n")[0])
+    from verispec.cli import OneLineArgumentParser
+
+    parser = OneLineArgumentParser(prog="verispec train", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     tokenizer = commands.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
@@ -234,10 +237,35 @@ def _parse_mix(text: str, default: dict, command: str) -> dict:
     return {name: weight / total for name, weight in mix.items()}
 
 
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments (checked before anything loads or trains), or None."""
+    minutes = getattr(args, "minutes", 1.0)
+    if not (0 < minutes < math.inf or (args.command == "eagle" and minutes == 0)) or args.threads < 1:
+        return "--minutes must be > 0 and finite, and --threads >= 1"
+    if not 0 <= getattr(args, "extract_minutes", 0.0) < math.inf:
+        return "--extract-minutes must be >= 0 and finite"
+    lr = getattr(args, "lr", None)
+    if lr is not None and not 0 < lr < math.inf:
+        return f"--lr must be > 0 and finite, got {lr}"
+    for name in ("layers", "intermediate", "draft_vocab", "unroll"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    for name in ("sample_fraction", "greedy_fraction", "ce_weight"):
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value <= 1:
+            return f"--{name.replace('_', '-')} must lie in [0, 1], got {value}"
+    weight = getattr(args, "argmax_weight", None)
+    if weight is not None and not 0 <= weight < math.inf:
+        return f"--argmax-weight must be >= 0 and finite, got {weight}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not (getattr(args, "minutes", 1) > 0 or (args.command == "eagle" and args.minutes == 0)) or args.threads < 1:
-        print(f"verispec train {args.command}: --minutes must be > 0 and --threads >= 1", file=sys.stderr)
+    problem = check_args(args)
+    if problem is not None:
+        print(f"verispec train {args.command}: {problem}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     init = getattr(args, "init", None)
