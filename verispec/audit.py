@@ -149,6 +149,9 @@ class AuditReport:
         guide = self.sampling.guide
         sampling = {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k,
                     "top_p": self.sampling.top_p, "min_p": self.sampling.min_p,
+                    "presence_penalty": self.sampling.presence_penalty,
+                    "frequency_penalty": self.sampling.frequency_penalty,
+                    "repetition_penalty": self.sampling.repetition_penalty,
                     "grammar": None if guide is None else {"kind": guide.spec.kind, "source": guide.spec.source}}
         return {"verdict": self.verdict, "p_value": self.p_value, "tv": self.tv, "noise_floor": self.noise_floor,
                 "alpha": self.audit.alpha, "samples": self.audit.samples, "tokens": self.audit.tokens,
@@ -228,7 +231,7 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
     """
     import torch
 
-    from verispec.grammar import apply_mask
+    from verispec.guide import Guide
     from verispec.sampling import logits_to_probs
 
     if not sequences:
@@ -239,6 +242,7 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
         assert len(seq) == length, "all sequences must have the same length"
         by_prefix.setdefault(seq[:-1], []).append(seq)
     prefixes = list(by_prefix)
+    guide = Guide.for_request(sampling, prompt_ids, target.config.vocab_size)
     width = len(prompt_ids) + length - 1
     rows = max(1, LOGITS_PER_FORWARD // (width * target.config.vocab_size))
     device = _device_of(target)
@@ -252,8 +256,8 @@ def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[
             else:  # one-sequence caches (compressed attention): score whole rows from position 0
                 logits = target.train_forward(ids)[0]
             logits = logits[:, len(prompt_ids) - 1:]  # (B, n, V)
-            if sampling.guide is not None:  # each row under the grammar's masks along its own prefix
-                logits = torch.stack([apply_mask(logits[row].cpu(), sampling.guide.path_masks(list(prefix))[0])
+            if guide is not None:  # each row under the grammar's masks and the penalties along its own prefix
+                logits = torch.stack([guide.path_masks(list(prefix))[0].apply(logits[row].cpu())
                                       for row, prefix in enumerate(chunk)])
             probs = logits_to_probs(logits, sampling).double().cpu()  # (B, n, V)
             for row, prefix in enumerate(chunk):

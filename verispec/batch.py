@@ -24,9 +24,9 @@ A request with ``logprobs`` set gets, for each committed token, the target's raw
 the round already has: the prefill's for the first token, then row i of the verification pass for
 the round's i-th committed token, whether accepted, recovered or bonus. Exact under speculation.
 
-A request under a grammar (``sampling.guide``, see ``verispec.grammar``) has its drafts drawn under
-the grammar's mask and staged in its matcher, cut at the first draft the grammar forbids, its rows
-verified under their masks, and the matcher advanced by what it commits.
+A request under a grammar or with penalties (``verispec.guide``) has its drafts drawn under that
+transform and staged, cut at the first draft the grammar forbids, followed by the tokens the grammar
+forces, its rows verified under their transforms, and the guide advanced by what it commits.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.errors import ContextError, VerispecError
-from verispec.grammar import FORCED_DRAFTS, apply_mask
+from verispec.grammar import FORCED_DRAFTS
+from verispec.guide import Guide
 from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
@@ -165,6 +166,9 @@ class BatchEngine:
         row = len(self.rows)
         self.cache.set_length(row, 0)
         view = self.cache.row_view(row)
+        # A grammar and penalties (verispec.guide) follow the row's drafts; its drafters see them in the sampling.
+        guide = Guide.for_request(request.sampling, request.prompt_ids, self.target.config.vocab_size)
+        request = replace(request, sampling=replace(request.sampling, guide=guide))
         sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
                              RequestStats(prompt_tokens=len(request.prompt_ids)), started, started)
         if self.eagle is not None:  # the head reads the prompt's features from the prefill itself
@@ -178,10 +182,7 @@ class BatchEngine:
         logits = logits[0, -1].cpu()
         view.commit(0, len(request.prompt_ids))
         self.cache.sync_row(row, view)
-        guide = request.sampling.guide
-        if guide is not None:
-            guide.reset()
-        sampled = logits if guide is None else apply_mask(logits, guide.mask())
+        sampled = logits if guide is None else guide.mask().apply(logits)
         first = sample_from(logits_to_probs(sampled, request.sampling), sequence.generator)
         logprobs = None if request.logprobs is None else token_logprobs(logits[None], [first], request.logprobs)
         if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
@@ -385,7 +386,7 @@ class BatchEngine:
             params, k = sequence.request.sampling, len(tokens)
             row_logits = logits[row, :k + 1]
             if params.guide is not None:
-                row_logits = apply_mask(row_logits, masks[row])
+                row_logits = masks[row].apply(row_logits)
                 params.guide.unstage()
             if params.greedy:
                 verdicts.append(verify_chain_greedy(

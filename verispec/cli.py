@@ -283,6 +283,13 @@ def add_sampling_options(parser: argparse.ArgumentParser, temperature: float = 0
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (0 = off)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="subtract this from every token the output already has, in [-2, 2] (0 = off)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="subtract this times each token's count in the output, in [-2, 2] (0 = off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide positive (multiply negative) logits of prompt and output tokens by this, "
+                             "> 0 (1 = off)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
@@ -329,7 +336,9 @@ def guided(sampling, grammar, pair, eos: list[int]):
 def sampling_from_args(args):
     from verispec.config import SamplingParams
 
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          repetition_penalty=args.repetition_penalty)
 
 
 def _run_generate(args) -> int:

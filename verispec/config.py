@@ -26,14 +26,22 @@ DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit", "eagle")
 class SamplingParams:
     """temperature 0 means greedy; top_k 0, top_p 1 and min_p 0 switch their filter off.
 
-    ``guide``: a request's grammar constraint (``verispec.grammar.Constraint``), whose mask comes
-    before every other transform, for target and drafts alike; None for unconstrained output. It is
-    per-request state, so it takes no part in comparing or hashing parameters."""
+    Penalties (0, 0 and 1 are off) act on the logits before temperature, for target and drafts alike,
+    counting the output so far including a round's earlier drafts (``verispec.guide``): presence and
+    frequency in [-2, 2] as OpenAI's, repetition > 0 as vLLM's (prompt and output tokens).
+
+    ``guide``: a request's grammar constraint (``verispec.grammar.Constraint``; the engines wrap it, with
+    the penalties, in a ``verispec.guide.Guide``), whose mask comes after the penalties and before every
+    other transform; None for unconstrained output. It is per-request state, so it takes no part in
+    comparing or hashing parameters."""
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     guide: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -45,10 +53,19 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise SamplingError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise SamplingError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise SamplingError(f"repetition_penalty must be > 0 and finite (1 = off), got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 @dataclass(frozen=True)

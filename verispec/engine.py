@@ -15,7 +15,7 @@ Invariants kept by every round (docs/algorithms.md, "KV state follows the commit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -25,7 +25,8 @@ from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.errors import ContextError, VerispecError
-from verispec.grammar import FORCED_DRAFTS, apply_mask
+from verispec.grammar import FORCED_DRAFTS
+from verispec.guide import Guide, Rows
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
@@ -95,10 +96,10 @@ class Generation:
         # from the passes that run anyway: the prefill's and each verification's.
         self.feeds_features = spec.enabled and engine.drafter is not None and engine.drafter.wants_features
         self._round_features: torch.Tensor | None = None  # (K + 1, H) of the last verification
-        self.guide = sampling.guide  # a grammar constraint (verispec.grammar), or None
-        if self.guide is not None:
-            self.guide.reset()  # the grammar constrains this request's output from its first token
-        self._round_masks: torch.Tensor | None = None  # (K + 1, V): the grammar's mask per verified row
+        # A grammar and penalties (verispec.guide), or None; the drafters get it through the sampling.
+        self.guide = Guide.for_request(sampling, prompt_ids, engine.target.config.vocab_size)
+        self.sampling = replace(sampling, guide=self.guide)
+        self._round_masks: Rows | None = None  # the guide's transform of each verified row
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
@@ -142,7 +143,7 @@ class Generation:
         logits = logits.cpu()
         self.cache.commit(0, len(self.context))
         if self.guide is not None:
-            logits = apply_mask(logits, self.guide.mask())
+            logits = self.guide.mask().apply(logits)
         token = sample_from(logits_to_probs(logits[0, -1], self.sampling), self.generator)
         self.stats.prefill_s = time.perf_counter() - began
         return token
@@ -222,7 +223,7 @@ class Generation:
             fed = torch.cat([torch.tensor([self.context[-1]]), proposal.tokens])[None]  # (1, K+1)
             logits = self._target_pass(fed)  # (K+1, V); verified on the CPU
         if self.guide is not None:  # the grammar's mask per row, then the staged drafts rolled back
-            logits = apply_mask(logits, self._round_masks)
+            logits = self._round_masks.apply(logits)
             self.guide.unstage()
         if self.sampling.greedy:
             verdict = verify_chain_greedy(proposal.tokens.tolist(), greedy_ids(logits))
@@ -264,7 +265,7 @@ class Generation:
         fed = torch.tensor([tree.tokens])  # (1, N+1): the root is the last committed token
         logits = self._target_pass(fed, tree_mask=buffers.ancestor_mask, depths=buffers.depths)  # (N+1, V)
         if self.guide is not None:
-            logits = apply_mask(logits, self.guide.tree_masks(tree.parents, tree.tokens))
+            logits = self.guide.tree_masks(tree.parents, tree.tokens).apply(logits)
         if self.sampling.greedy:
             verdict = verify_tree_greedy(tree, greedy_ids(logits))
         else:

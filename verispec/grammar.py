@@ -269,9 +269,3 @@ class Constraint:
                 raise GrammarError(f"token {token} is outside the grammar at this point")
             self._consume(token)
 
-
-def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Logits (..., V') with the tokens ``mask`` (..., V) forbids at -inf; V' <= V (a draft that scores
-    only the first ids of the vocabulary gets the mask's first V' entries)."""
-    width = logits.shape[-1]
-    return logits.masked_fill(~mask[..., :width].to(logits.device), float("-inf"))

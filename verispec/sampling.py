@@ -95,15 +95,15 @@ def draw_draft(logits: torch.Tensor, params: SamplingParams,
 
     Greedy drafts are a point mass on the argmax (q None: the verifier treats them as one-hot);
     otherwise the token is sampled from the request's transformed distribution, which is returned.
-    With a grammar (``params.guide``) the logits are masked first and the draft is staged in the
-    matcher; a draft that can score no allowed token proposes the lowest allowed id as a point mass.
+    With a guide (``params.guide``: a grammar, penalties) the logits are transformed first and the draft
+    is staged; a draft that can score no allowed token proposes the lowest allowed id as a point mass.
     """
-    guide = params.guide
+    guide = params.guide  # a verispec.guide.Guide: the grammar's mask and the penalties, at the staged state
     if guide is not None:
-        mask = guide.mask()
-        logits = logits.masked_fill(~mask[:logits.shape[-1]].to(logits.device), float("-inf"))
+        row = guide.mask()
+        logits = row.apply(logits)
         if not bool(torch.isfinite(logits).any()):
-            token = int(mask.nonzero()[0, 0])
+            token = int(row.allowed().nonzero()[0, 0])
             guide.stage(token)
             return token, None if params.greedy else torch.nn.functional.one_hot(
                 torch.tensor(token), logits.shape[-1]).float()

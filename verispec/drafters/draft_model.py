@@ -20,7 +20,6 @@ import torch
 from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal, common_prefix_length, head_args
 from verispec.models.llama import LlamaForCausalLM
-from verispec.grammar import apply_mask
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
 from verispec.tree import AcceptanceCalibration, TokenTree
 
@@ -205,9 +204,9 @@ def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: Sampli
     for level in range(1, shape.depth + 1):
         width = 1 + min(shape.branching - 1, extras)
         extras -= width - 1
-        if sampling.guide is not None:  # the grammar's mask after the main path so far
+        if sampling.guide is not None:  # the grammar's mask and penalties after the main path so far
             main_path = [tokens[node] for node in _path(parents, main)]
-            logits = apply_mask(logits, sampling.guide.mask_after(main_path))
+            logits = sampling.guide.rows_after(main_path).apply(logits)
         children, q = _draw_children(logits, width, mode, sampling, generator)
         if q is not None:
             rows[main] = q
