@@ -42,6 +42,7 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.ngram import NgramDrafter
+from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import ContextError, VerispecError
 from verispec.grammar import FORCED_DRAFTS
 from verispec.guide import Guide
@@ -63,6 +64,7 @@ class BatchRequest:
     stop: StopRules = field(default_factory=StopRules)
     seed: int = 0
     logprobs: int | None = None  # None: none; N >= 0: each token's log-probability and the N most likely
+    prediction: list[int] | None = None  # predicted output tokens: this row's drafts (verispec.drafters.prediction)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class _Sequence:
     draft_seen: list[int] = field(default_factory=list)
     acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     eagle: EagleDrafter | None = None  # this row's feature drafter (its own head cache), --method eagle
+    prediction: PredictionDrafter | None = None  # drafts from the request's predicted output instead
 
 
 class BatchEngine:
@@ -171,6 +174,8 @@ class BatchEngine:
         request = replace(request, sampling=replace(request.sampling, guide=guide))
         sequence = _Sequence(request, list(request.prompt_ids), torch.Generator().manual_seed(request.seed),
                              RequestStats(prompt_tokens=len(request.prompt_ids)), started, started)
+        if request.prediction:
+            sequence.prediction = PredictionDrafter(request.prediction)
         if self.eagle is not None:  # the head reads the prompt's features from the prefill itself
             logits, features = self.target.forward(torch.tensor([request.prompt_ids]), view, last_only=True,
                                                    with_features=True)
@@ -230,9 +235,14 @@ class BatchEngine:
         gamma = self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
         if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
             gamma = afford_switch(self.gamma_policy, len(self.rows), gamma, self._backlog())
-        num_drafts = [self._drafts_allowed(sequence, gamma) for sequence in self.rows]
+        # Rows with a predicted output draft from it (at any gamma, even with speculation off), not the drafter.
+        num_drafts = [0 if sequence.prediction else self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         prompts_s, prompts, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0, 0.0, 0)
         drafts, draft_probs = self._propose(num_drafts)
+        for row, sequence in enumerate(self.rows):
+            if sequence.prediction is not None:
+                drafts[row] = sequence.prediction.lookup(
+                    sequence.generated, self._drafts_allowed(sequence, sequence.prediction.drafts))
         masks = self._guide(drafts, draft_probs)
         drafted_at = time.perf_counter()
         verdicts, logprobs = self._verify(drafts, draft_probs, num_drafts, masks)

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop string (repeatable); the text is cut before it")
     gen.add_argument("--chat", action="store_true", help="wrap PROMPT as a user message with the chat template")
     add_grammar_options(gen)
+    gen.add_argument("--prediction", metavar="FILE",
+                     help="predicted output: text the answer is expected to repeat (e.g. the file being edited); "
+                          "its tokens are the drafts instead of --method's (verified: the output is unchanged)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: tokens, text, stats")
     gen.add_argument("--verbose", action="store_true", help="log progress")
     gen.set_defaults(run=_run_generate)
@@ -310,15 +313,18 @@ def grammar_from_args(args):
     if args.regex is not None:
         return GrammarSpec("regex", args.regex)
     for option, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
-        if path is None:
-            continue
-        try:
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise VerispecError(f"cannot read {option} {path!r}: {err.strerror if isinstance(err, OSError) else err}") \
-                from None
-        return GrammarSpec.json_schema(text) if option == "--json-schema" else GrammarSpec("lark", text)
+        if path is not None:
+            text = read_text_file(option, path)
+            return GrammarSpec.json_schema(text) if option == "--json-schema" else GrammarSpec("lark", text)
     return None
+
+
+def read_text_file(option: str, path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise VerispecError(f"cannot read {option} {path!r}: {err.strerror if isinstance(err, OSError) else err}") \
+            from None
 
 
 def guided(sampling, grammar, pair, eos: list[int]):
@@ -345,11 +351,17 @@ def _run_generate(args) -> int:
     from verispec.config import StopRules
     import dataclasses
 
+    from verispec.engine import SpecEngine
     from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
     grammar = grammar_from_args(args)
+    prediction = read_text_file("--prediction", args.prediction) if args.prediction is not None else None
+    if prediction is not None:  # the prediction drafts, whatever --method says
+        from verispec.drafters.prediction import PREDICTION_DRAFTS
+
+        spec = dataclasses.replace(spec, method="chain", drafter="ngram", gamma=PREDICTION_DRAFTS)
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
@@ -362,6 +374,11 @@ def _run_generate(args) -> int:
                      ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop))
     sampling = guided(sampling, grammar, pair, list(stop.eos_ids))
     engine = build_engine(pair, spec)
+    if prediction is not None:
+        from verispec.drafters.prediction import PredictionDrafter
+
+        engine = SpecEngine(pair.target, PredictionDrafter(tokenizer.encode(prediction, add_special_tokens=False)),
+                            decode=engine.decode)
     result = engine.generate(prompt_ids, sampling, spec, stop, seed=args.seed)
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
     if result.stop_text_index is not None:

@@ -1,0 +1,60 @@
+"""Predicted outputs: the user supplies text the answer is expected to repeat (a file being edited, a
+document being corrected), and its tokens are the drafts, verified like any other point-mass drafts, so
+the output's distribution does not change whatever the prediction says.
+
+    drafter = PredictionDrafter(tokenizer.encode(old_code))
+    drafter.lookup(context, generated=12, num_drafts=8)   # the prediction's tokens after the match
+
+Alignment: the output so far is matched into the prediction by its last n tokens (n from ``max_n`` down
+to 1), preferring the occurrence that ends nearest where a copy would be now (the previous match moved
+on by the tokens output since), so a copy proceeds through the prediction in order and resynchronises
+after an edit. Before the first
+output token, or with nothing matching, nothing is drafted that round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.config import SamplingParams
+from verispec.drafters.base import DrafterBase, Proposal
+
+PREDICTION_DRAFTS = 8  # drafts per round from a prediction (a copy is accepted in long runs)
+MAX_N = 8
+
+
+class PredictionDrafter(DrafterBase):
+    def __init__(self, prediction: list[int], max_n: int = MAX_N, drafts: int = PREDICTION_DRAFTS):
+        self.prediction, self.max_n, self.drafts = list(prediction), max_n, drafts
+        self.cursor = 0  # where in the prediction the output was at the last match
+        self.output_length = 0  # how long the output was then
+        self.prompt_length: int | None = None
+
+    def reset(self) -> None:
+        self.cursor, self.output_length, self.prompt_length = 0, 0, None
+
+    def commit(self, context: list[int]) -> None:
+        """Stateless but for the cursor, which ``lookup`` moves."""
+
+    def lookup(self, output: list[int], num_drafts: int) -> list[int]:
+        """Up to ``num_drafts`` prediction tokens that would follow ``output`` (the tokens generated so far)."""
+        if not output or num_drafts <= 0 or not self.prediction:
+            return []
+        for n in range(min(self.max_n, len(output)), 0, -1):
+            pattern = output[-n:]
+            starts = [i for i in range(len(self.prediction) - n + 1) if self.prediction[i:i + n] == pattern]
+            if not starts:
+                continue
+            # where a copy would be now: the last match moved on by the tokens output since
+            expected = self.cursor + len(output) - self.output_length
+            start = min(starts, key=lambda s: (abs(s + n - expected), s))
+            self.cursor, self.output_length = start + n, len(output)
+            return self.prediction[self.cursor:self.cursor + num_drafts]
+        return []
+
+    def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        if self.prompt_length is None:  # the first round: the context is the prompt and the first token
+            self.prompt_length = len(context) - 1
+        output = context[self.prompt_length:]
+        return Proposal(torch.tensor(self.lookup(output, min(num_drafts, self.drafts)), dtype=torch.long), None)
