@@ -11,8 +11,11 @@ and /metrics (Prometheus). Every error is OpenAI's body ``{"error": {message, ty
 queue is full, 500 when the engine failed mid-request, 503 when it cannot take requests, 504 when a
 request ran past ``--timeout``.
 
-A request whose client goes away is aborted in the engine (non-streamed: polled with
-``is_disconnected``; streamed: the response generator is cancelled), as is one past its deadline.
+A request with ``n`` choices runs as n engine requests, batched together; its response has n choices
+(a stream: chunks tagged with the choice's index, each choice its own final chunk, ``[DONE]`` after the
+last). A request whose client goes away is aborted in the engine, every choice of it (non-streamed:
+polled with ``is_disconnected``; streamed: the response generator is cancelled), as is one past its
+deadline or one whose other choice failed.
 """
 
 from __future__ import annotations
@@ -43,9 +46,10 @@ from verispec.server import schemas
 from verispec.server.logprobs import LogprobReport, TokenStrings
 from verispec.server.metrics import ServerMetrics
 from verispec.server.prepare import Prepared, RequestBuilder
-from verispec.server.scheduler import EngineFailed, Handle, QueueFull, Scheduler, ServerConfig, Unavailable
+from verispec.server.scheduler import (EngineFailed, Handle, QueueFull, Scheduler, ServerConfig, Unavailable,
+                                       next_of)
 from verispec.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest
-from verispec.server.text import StreamText, final_text
+from verispec.server.text import REPLACEMENT, StreamText, final_text
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +182,8 @@ class _Service:
         return None if top_n is None else LogprobReport(self.decode, self.token_strings, prepared.chat, top_n)
 
     async def serve(self, prepared: Prepared, request: Request):
-        handle = self._submit(prepared)
-        waiter = _Waiter(self.scheduler, handle, request, self.config.timeout_s)
+        handles = self._submit(prepared)
+        waiter = _Waiter(self.scheduler, handles, request, self.config.timeout_s)
         try:
             first = await waiter.next()
         except BaseException:
@@ -188,25 +192,41 @@ class _Service:
         if prepared.stream:
             waiter.watch_disconnect = False  # the streaming response is cancelled on disconnect instead
             return _EventStream(self._sse(prepared, waiter, first), on_exit=waiter.close)
+        count = len(handles)
+        tokens: list[list[int]] = [[] for _ in range(count)]
+        logprobs: list[list] = [[] for _ in range(count)]
+        last: list[BatchEvent | None] = [None] * count
         try:
-            tokens, logprobs, event = list(first.tokens), list(first.logprobs or []), first
-            while not event.finished:
-                event = await waiter.next()
-                tokens += event.tokens
-                logprobs += event.logprobs or []
+            index, event = first
+            while True:
+                tokens[index] += event.tokens
+                logprobs[index] += event.logprobs or []
+                if event.finished:
+                    last[index] = event
+                    if all(last):
+                        break
+                index, event = await waiter.next()
         finally:
             waiter.close()
-        request_id, model = prepared.request.request_id, self.model_name
-        text = final_text(self.decode(tokens), event.stop_text_index)
-        usage = schemas.usage(len(prepared.request.prompt_ids), len(tokens))
-        report = self._report(prepared)
+        build_choice = schemas.chat_choice if prepared.chat else schemas.completion_choice
+        choices = []
+        for index, event in enumerate(last):
+            cut = self._cut(prepared, tokens[index], event)
+            report = self._report(prepared)
+            choices.append(build_choice(index, final_text(self.decode(tokens[index]), cut), event.finish_reason,
+                                        report.whole(tokens[index], logprobs[index], cut) if report else None,
+                                        self._stats(prepared, event) if count > 1 else None))
+        usage = schemas.usage(len(prepared.request.prompt_ids), sum(map(len, tokens)))
         build = schemas.chat_response if prepared.chat else schemas.completion_response
-        return build(request_id, model, text, event.finish_reason, usage, self._stats(prepared, event),
-                     report.whole(tokens, logprobs, event.stop_text_index) if report else None)
+        return build(prepared.request_id, self.model_name, choices, usage, self._stats(prepared, last[0]))
 
-    def _submit(self, prepared: Prepared) -> Handle:
+    def _submit(self, prepared: Prepared) -> list[Handle]:
+        if len(prepared.requests) > self.config.max_batch + self.config.max_queue:
+            raise ApiError(400, f"n is {len(prepared.requests)}; this server queues at most "
+                                f"{self.config.max_batch + self.config.max_queue} requests (--max-batch + "
+                                "--max-queue)", param="n")
         try:
-            return self.scheduler.submit(prepared.request, asyncio.get_running_loop())
+            return self.scheduler.submit_all(list(prepared.requests), asyncio.get_running_loop())
         except QueueFull as err:
             self.metrics.on_rejected("queue_full")
             raise ApiError(429, f"the server is busy: {err}", type="rate_limit_exceeded", code="queue_full",
@@ -215,39 +235,58 @@ class _Service:
             self.metrics.on_rejected("unavailable")
             raise ApiError(503, str(err), type="server_error", code="unavailable") from None
 
-    async def _sse(self, prepared: Prepared, waiter: "_Waiter", event: BatchEvent):
-        request_id, model, chat = prepared.request.request_id, self.model_name, prepared.chat
-        text = StreamText(self.decode, prepared.request.stop.stop_strings)
-        report = self._report(prepared)  # each chunk carries the logprobs of the tokens whose text it ends
+    def _cut(self, prepared: Prepared, tokens: list[int], event: BatchEvent) -> int | None:
+        """Where a finished choice's text ends: before the stop string, or before the text of the stop
+        token id it ended on (a character that token completes goes too)."""
+        cut = event.stop_text_index
+        if event.finish_reason == "stop" and tokens and tokens[-1] in prepared.stop_token_ids:
+            before = len(self.decode(tokens[:-1]).rstrip(REPLACEMENT))
+            cut = before if cut is None else min(cut, before)
+        return cut
 
-        def chunk(delta: str, finish_reason: str | None = None, stats: dict | None = None,
+    async def _sse(self, prepared: Prepared, waiter: "_Waiter", first: tuple[int, BatchEvent]):
+        request_id, model, chat = prepared.request_id, self.model_name, prepared.chat
+        count = len(prepared.requests)
+        texts = [StreamText(self.decode, prepared.request.stop.stop_strings) for _ in range(count)]
+        # each chunk carries the logprobs of the tokens whose text it ends
+        reports = [self._report(prepared) for _ in range(count)]
+
+        def chunk(index: int, delta: str, finish_reason: str | None = None, stats: dict | None = None,
                   logprobs: dict | None = None) -> str:
             if chat:
                 content = {"content": delta} if delta or logprobs or not finish_reason else {}
-                body = schemas.chat_chunk(request_id, model, content, finish_reason, stats, logprobs)
+                body = schemas.chat_chunk(request_id, model, content, finish_reason, stats, logprobs, index)
             else:
-                body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats, logprobs)
+                body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats, logprobs, index)
             return _sse_data(body)
 
-        tokens = 0
+        tokens, left = 0, count
         try:
             if chat:
-                yield _sse_data(schemas.chat_chunk(request_id, model, {"role": "assistant", "content": ""}))
+                for index in range(count):
+                    yield _sse_data(schemas.chat_chunk(request_id, model, {"role": "assistant", "content": ""},
+                                                       index=index))
+            index, event = first
             while True:
                 tokens += len(event.tokens)
+                text, report = texts[index], reports[index]
                 if event.finished:
-                    delta = text.finish(event.tokens, event.stop_text_index)
-                    logprobs = report.rest(event.tokens, event.logprobs, event.stop_text_index) if report else None
-                    yield chunk(delta, event.finish_reason, self._stats(prepared, event), logprobs)
-                    if prepared.include_usage:
-                        usage = schemas.usage(len(prepared.request.prompt_ids), tokens)
-                        yield _sse_data(schemas.usage_chunk(request_id, model, chat, usage))
-                    break
-                delta = text.add(event.tokens)
-                logprobs = report.through(event.tokens, event.logprobs, len(text.sent)) if report else None
-                if delta or logprobs:
-                    yield chunk(delta, logprobs=logprobs)
-                event = await waiter.next()
+                    cut = self._cut(prepared, text.tokens + event.tokens, event)
+                    delta = text.finish(event.tokens, cut)
+                    logprobs = report.rest(event.tokens, event.logprobs, cut) if report else None
+                    yield chunk(index, delta, event.finish_reason, self._stats(prepared, event), logprobs)
+                    left -= 1
+                    if not left:
+                        if prepared.include_usage:
+                            usage = schemas.usage(len(prepared.request.prompt_ids), tokens)
+                            yield _sse_data(schemas.usage_chunk(request_id, model, chat, usage))
+                        break
+                else:
+                    delta = text.add(event.tokens)
+                    logprobs = report.through(event.tokens, event.logprobs, len(text.sent)) if report else None
+                    if delta or logprobs:
+                        yield chunk(index, delta, logprobs=logprobs)
+                index, event = await waiter.next()
         except ApiError as err:  # headers are sent: report in the stream, as OpenAI and vLLM do
             yield _sse_data(err.body())
         finally:
@@ -278,17 +317,18 @@ class _EventStream(StreamingResponse):
 
 
 class _Waiter:
-    """Awaits one request's events; turns deadlines, engine failures and aborts into ApiErrors and
-    aborts the request in the engine if its consumer stops early (``close``)."""
+    """Awaits the events of one request's choices (``next``: which choice, and its event); turns deadlines,
+    engine failures and aborts into ApiErrors and aborts every unfinished choice in the engine when one
+    fails or the consumer stops early (``close``)."""
 
-    def __init__(self, scheduler: Scheduler, handle: Handle, request: Request, timeout_s: float):
-        self.scheduler, self.handle, self.request, self.timeout_s = scheduler, handle, request, timeout_s
+    def __init__(self, scheduler: Scheduler, handles: list[Handle], request: Request, timeout_s: float):
+        self.scheduler, self.handles, self.request, self.timeout_s = scheduler, handles, request, timeout_s
         self.deadline = asyncio.get_running_loop().time() + timeout_s
         self.watch_disconnect = True
         self.next_check = 0.0  # loop time of the next disconnect check
-        self.done = False
+        self.done = [False] * len(handles)  # per choice: finished, failed or aborted
 
-    async def next(self) -> BatchEvent:
+    async def next(self) -> tuple[int, BatchEvent]:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
@@ -301,27 +341,31 @@ class _Waiter:
                 if await self.request.is_disconnected():
                     self._abort("abort")
                     raise ApiError(499, "the client disconnected", type="client_closed_request")
-            item = await self.handle.next(min(self.deadline - now, DISCONNECT_POLL_S))
-            if item is None:
+            found = await next_of(self.handles, min(self.deadline - now, DISCONNECT_POLL_S))
+            if found is None:
                 continue
+            index, item = found
             if isinstance(item, EngineFailed):
-                self.done = True
+                self.done[index] = True
+                self._abort("abort")
                 raise ApiError(500, str(item), type="server_error", code="engine_error")
             if item.finished:
-                self.done = True
+                self.done[index] = True
                 if item.finish_reason == "abort":
+                    self._abort("shutdown")
                     raise ApiError(503, "the request was aborted because the server is shutting down",
                                    type="server_error", code="shutting_down")
-            return item
+            return index, item
 
     def close(self) -> None:
-        """Abort the request if it has not finished (the consumer is gone); idempotent."""
+        """Abort the choices that have not finished (the consumer is gone); idempotent."""
         self._abort("abort")
 
     def _abort(self, reason: str) -> None:
-        if not self.done:
-            self.done = True
-            self.scheduler.abort(self.handle.request_id, reason)
+        for index, handle in enumerate(self.handles):
+            if not self.done[index]:
+                self.done[index] = True
+                self.scheduler.abort(handle.request_id, reason)
 
 
 def _sse_data(body: dict) -> str:

@@ -7,6 +7,15 @@
 EOS: the tokenizer's and the target config's ids (``loading.eos_ids``); chat requests also stop at the
 chat template's end-of-message token ``<|end|>`` when the tokenizer has one.
 
+Choices: ``n`` (1..``MAX_CHOICES``) makes one ``BatchRequest`` per choice (ids ``<id>-0`` .. ``<id>-<n-1>``
+when n > 1), so the engine batches them like separate requests. Choice i samples with seed ``seed + i``
+when the request gives a seed, else with its own random seed; each has its own grammar constraint.
+
+Stop token ids (vLLM's ``stop_token_ids``): generating one ends the choice with ``finish_reason: stop``,
+as EOS does, and its text is not part of the output (vLLM's default). They join the request's EOS ids in
+``StopRules``; under ``ignore_eos`` they are the only ones there (with ``ignore_eos`` off), so they still
+stop while the model's EOS does not.
+
 Structured outputs: ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema",
 "json_schema": {"schema": {...}}}``, or ``structured_outputs`` with exactly one of ``json`` (a schema),
 ``regex`` or ``grammar`` (Lark). Each request gets its own matcher (``verispec.grammar``), compiled
@@ -25,8 +34,8 @@ from verispec.loading import eos_ids
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import ContextError, VerispecError
 from verispec.grammar import GrammarCompiler, GrammarError, GrammarSpec
-from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_TOP_LOGPROBS,
-                                     ApiError, ChatCompletionRequest, CompletionRequest, _Common)
+from verispec.server.schemas import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MAX_CHOICES,
+                                     MAX_TOP_LOGPROBS, ApiError, ChatCompletionRequest, CompletionRequest, _Common)
 
 END_OF_MESSAGE = "<|end|>"
 SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts
@@ -36,11 +45,18 @@ GREEDY_BELOW = 1e-5  # a positive temperature below this is greedy (vLLM's rule)
 
 @dataclass(frozen=True)
 class Prepared:
-    request: BatchRequest
+    requests: tuple[BatchRequest, ...]  # one per choice, in choice order
+    request_id: str  # the response's id
     chat: bool
     stream: bool
     include_usage: bool
     return_spec_stats: bool
+    stop_token_ids: frozenset[int] = frozenset()  # ending on one of these cuts its text from the output
+
+    @property
+    def request(self) -> BatchRequest:
+        """The first choice's request (every choice has the same prompt and stop rules)."""
+        return self.requests[0]
 
 
 class RequestBuilder:
@@ -98,42 +114,64 @@ class RequestBuilder:
         if body.model is not None and body.model != self.model_name:
             raise ApiError(400, f"the model {body.model!r} does not exist; this server serves "
                                 f"{self.model_name!r} (see /v1/models)", param="model", code="model_not_found")
-        if body.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        if not 1 <= body.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be in 1..{MAX_CHOICES} (choices per request), got {body.n}", param="n")
         unsupported = body.unsupported()
         if unsupported:
             raise ApiError(400, f"{unsupported[0]} is not supported by this server; leave it unset",
                            param=unsupported[0])
         if body.seed is not None and not SEED_RANGE[0] <= body.seed < SEED_RANGE[1]:
             raise ApiError(400, f"seed must be in [-2**63, 2**64), got {body.seed}", param="seed")
+        if body.seed is not None and body.seed + body.n - 1 >= SEED_RANGE[1]:
+            raise ApiError(400, f"choice i samples with seed + i: seed + n - 1 must be below 2**64, got seed "
+                                f"{body.seed} with n {body.n}", param="seed")
 
     def _build(self, body: _Common, prefix: str, prompt_ids: list[int], max_tokens: int, eos: tuple[int, ...],
                prompt_param: str, chat: bool) -> Prepared:
         sampling = _sampling(body)
         grammar = _grammar(body)
-        if grammar is not None:
+        if grammar is not None:  # the first choice's; compiling it checks the grammar before anything runs
             sampling = replace(sampling, guide=self._constraint(grammar, eos))
         stop_strings = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if any(not s for s in stop_strings):
             raise ApiError(400, "stop strings must not be empty", param="stop")
+        stop_ids = self._stop_token_ids(body)
+        if body.ignore_eos and stop_ids:  # the model's EOS is ignored, the requested ids still stop
+            stop_eos, ignore_eos = stop_ids, False
+        else:
+            stop_eos, ignore_eos = eos + tuple(t for t in stop_ids if t not in eos), body.ignore_eos
         try:
-            stop = StopRules(max_tokens=max_tokens, eos_ids=eos, ignore_eos=body.ignore_eos,
+            stop = StopRules(max_tokens=max_tokens, eos_ids=stop_eos, ignore_eos=ignore_eos,
                              stop_strings=stop_strings)
         except VerispecError as err:
             raise ApiError(400, str(err), param="max_tokens") from None
-        seed = random.randrange(2**63) if body.seed is None else body.seed
-        request = BatchRequest(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, stop, seed=seed,
-                               logprobs=_logprobs(body))
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        seeds = [random.randrange(2**63) if body.seed is None else body.seed + i for i in range(body.n)]
+        first = BatchRequest(request_id if body.n == 1 else f"{request_id}-0", prompt_ids, sampling, stop,
+                             seed=seeds[0], logprobs=_logprobs(body))
         try:
-            self.check(request)
+            self.check(first)  # the choices differ only in their seed and their grammar's state
         except ContextError as err:
             raise ApiError(400, f"{err}; shorten the prompt or lower max_tokens", param="max_tokens",
                            code="context_length_exceeded") from None
         except VerispecError as err:
             raise ApiError(400, str(err), param=prompt_param) from None
+        requests = [first]
+        for i in range(1, body.n):  # a constraint is per-request state: never shared between choices
+            guide = None if grammar is None else self._constraint(grammar, eos)
+            requests.append(replace(first, request_id=f"{request_id}-{i}", seed=seeds[i],
+                                    sampling=replace(sampling, guide=guide)))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Prepared(request, chat, body.stream, include_usage, body.return_spec_stats)
+        return Prepared(tuple(requests), request_id, chat, body.stream, include_usage, body.return_spec_stats,
+                        frozenset(stop_ids))
 
+    def _stop_token_ids(self, body: _Common) -> tuple[int, ...]:
+        ids = tuple(dict.fromkeys(body.stop_token_ids or ()))
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ApiError(400, f"stop_token_ids: {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                           param="stop_token_ids")
+        return ids
 
     def _constraint(self, grammar: tuple[str, GrammarSpec], eos: tuple[int, ...]):
         param, spec = grammar
@@ -193,7 +231,8 @@ def _logprobs(body: _Common) -> int | None:
 
 
 def _sampling(body: _Common) -> SamplingParams:
-    given = {name: getattr(body, name) for name in ("temperature", "top_k", "top_p", "min_p")
+    given = {name: getattr(body, name) for name in ("temperature", "top_k", "top_p", "min_p", "presence_penalty",
+                                                    "frequency_penalty", "repetition_penalty")
              if getattr(body, name) is not None}
     if 0 < given.get("temperature", 1.0) < GREEDY_BELOW:  # as vLLM: logits / 1e-300 would overflow to inf
         given["temperature"] = 0.0

@@ -6,6 +6,9 @@
     item = await handle.next(timeout=0.5)             # BatchEvent, EngineFailed, or None on timeout
     scheduler.abort(handle.request_id)               # client gone or deadline passed
 
+    handles = scheduler.submit_all(choice_requests, loop)   # a request's n choices, queued together
+    index, item = await next_of(handles, timeout=0.5)       # the next item of any of them (or None)
+
 The engine thread loops: run queued abort commands, admit waiting requests while the batch has room
 (``engine.add``: prefill + first token), run one round (``engine.step``), hand each event to its
 request's handle with ``loop.call_soon_threadsafe``. It sleeps on a condition while there is nothing
@@ -72,7 +75,7 @@ class Handle:
     last_emit: float | None = None  # when the last tokens were handed over (engine thread)
     abort_reason: str | None = None
     _items: collections.deque = field(default_factory=collections.deque)
-    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)  # shared by handles submitted together
 
     @property
     def request_id(self) -> str:
@@ -98,6 +101,24 @@ class Handle:
             except asyncio.TimeoutError:
                 return None
         return self._items.popleft()
+
+
+async def next_of(handles: list[Handle], timeout: float) -> tuple[int, BatchEvent | EngineFailed] | None:
+    """The next item of any of ``handles`` (from one ``submit_all``: they share one ready event) and the
+    index of its handle, or None if none came within ``timeout`` seconds."""
+    for waited in (False, True):
+        for index, handle in enumerate(handles):
+            if handle._items:
+                return index, handle._items.popleft()
+        if waited:
+            return None
+        ready = handles[0]._ready
+        ready.clear()
+        try:
+            await asyncio.wait_for(ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+    return None
 
 
 class Scheduler:
@@ -130,7 +151,13 @@ class Scheduler:
         self.engine.check(request)
 
     def submit(self, request: BatchRequest, loop: asyncio.AbstractEventLoop) -> Handle:
-        handle = Handle(request, loop)
+        return self.submit_all([request], loop)[0]
+
+    def submit_all(self, requests: list[BatchRequest], loop: asyncio.AbstractEventLoop) -> list[Handle]:
+        """Queue requests together (a request's choices): all of them, or none (QueueFull / Unavailable).
+        Their handles share one ready event, for ``next_of``."""
+        ready = asyncio.Event()
+        handles = [Handle(request, loop, _ready=ready) for request in requests]
         with self._cond:
             if self.error is not None:
                 raise Unavailable("the engine has failed; the server cannot take requests (see /health)")
@@ -139,13 +166,13 @@ class Scheduler:
             if not self._accepting:
                 raise Unavailable("the server is shutting down")
             free_rows = self.config.max_batch - len(self._running)
-            if len(self._waiting) >= self.config.max_queue + max(0, free_rows):
+            if len(self._waiting) + len(handles) > self.config.max_queue + max(0, free_rows):
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting (--max-queue "
                                 f"{self.config.max_queue}); retry later")
-            self._waiting.append(handle)
+            self._waiting.extend(handles)
             self._gauges()
             self._cond.notify()
-        return handle
+        return handles
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """Stop a request wherever it is; its slot is freed before the next round."""

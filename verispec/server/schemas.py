@@ -6,8 +6,12 @@ Request models check types only; value ranges are checked once, by ``SamplingPar
     {"error": {"message": "top_p must be in (0, 1] (1 = off), got 0.0", "type": "invalid_request_error",
                "param": "top_p", "code": null}}
 
-Extensions beyond OpenAI's fields: ``top_k``, ``min_p``, ``ignore_eos`` (as in vLLM) and
-``return_spec_stats`` (adds the request's ``RequestStats.summary()`` as ``spec_stats``).
+Extensions beyond OpenAI's fields: ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids`` (as in vLLM)
+and ``return_spec_stats`` (adds the request's ``RequestStats.summary()`` as ``spec_stats``).
+
+``n`` (1..``MAX_CHOICES``) choices come back as ``choices`` with ``index`` 0..n-1; a chunk of a stream
+carries one choice, by its index. With ``return_spec_stats`` and n > 1, each choice of a whole response
+also carries its own ``spec_stats`` (the top-level one is choice 0's), and each choice's final chunk its own.
 
 Logprobs (``logprobs: N`` for completions, ``logprobs: true`` + ``top_logprobs: N`` for chat, N in
 0..20) are formatted by ``verispec.server.logprobs`` and passed to the builders here as ``logprobs``.
@@ -18,11 +22,12 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 128  # chat: at most this many, or what is left of the context
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on logprobs (completions) and top_logprobs (chat)
+MAX_CHOICES = 16  # the most choices (``n``) one request may ask for
 
 
 class ApiError(Exception):
@@ -58,6 +63,7 @@ class _Common(BaseModel):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: stop when one of these ids is generated
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -67,16 +73,16 @@ class _Common(BaseModel):
     # structured_outputs (exactly one of "json": a schema, "regex": a pattern, "grammar": Lark text).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
-    # Accepted for compatibility; anything but their neutral value is refused (see ``unsupported``).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's extension: > 0, 1 = off
+    # Accepted for compatibility; anything but their neutral value is refused (see ``unsupported``).
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     def unsupported(self) -> list[str]:
         """Fields set to something this server does not do."""
-        bad = [name for name in ("presence_penalty", "frequency_penalty") if getattr(self, name)]
-        return bad + (["logit_bias"] if self.logit_bias else [])
+        return ["logit_bias"] if self.logit_bias else []
 
 
 class CompletionRequest(_Common):
@@ -126,34 +132,42 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
-                        spec_stats: dict | None, logprobs: dict | None = None) -> dict:
+def completion_choice(index: int, text: str, finish_reason: str, logprobs: dict | None = None,
+                      spec_stats: dict | None = None) -> dict:
+    return _with_stats({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason},
+                       spec_stats)
+
+
+def chat_choice(index: int, text: str, finish_reason: str, logprobs: dict | None = None,
+                spec_stats: dict | None = None) -> dict:
+    return _with_stats({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                        "finish_reason": finish_reason}, spec_stats)
+
+
+def completion_response(request_id: str, model: str, choices: list[dict], usage_: dict,
+                        spec_stats: dict | None) -> dict:
     body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-            "usage": usage_}
+            "choices": choices, "usage": usage_}
     return _with_stats(body, spec_stats)
 
 
-def chat_response(request_id: str, model: str, text: str, finish_reason: str, usage_: dict,
-                  spec_stats: dict | None, logprobs: dict | None = None) -> dict:
+def chat_response(request_id: str, model: str, choices: list[dict], usage_: dict, spec_stats: dict | None) -> dict:
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                         "finish_reason": finish_reason}],
-            "usage": usage_}
+            "choices": choices, "usage": usage_}
     return _with_stats(body, spec_stats)
 
 
 def completion_chunk(request_id: str, model: str, text: str, finish_reason: str | None = None,
-                     spec_stats: dict | None = None, logprobs: dict | None = None) -> dict:
+                     spec_stats: dict | None = None, logprobs: dict | None = None, index: int = 0) -> dict:
     body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
     return _with_stats(body, spec_stats)
 
 
 def chat_chunk(request_id: str, model: str, delta: dict, finish_reason: str | None = None,
-               spec_stats: dict | None = None, logprobs: dict | None = None) -> dict:
+               spec_stats: dict | None = None, logprobs: dict | None = None, index: int = 0) -> dict:
     body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
     return _with_stats(body, spec_stats)
 
 
