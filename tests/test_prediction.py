@@ -99,3 +99,38 @@ def test_generate_with_a_prediction_file_prints_plain_decodings_text(capsys, byt
     assert predicted["tokens"] == plain["tokens"] and predicted["stats"]["accepted"] >= 20
     assert main(common + ["--prediction", str(tmp_path / "missing.txt")]) == 2
     assert "cannot read --prediction" in capsys.readouterr().err
+
+
+def test_the_server_takes_openais_prediction_and_reports_its_tokens(byte_pair):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    import json as json_module
+
+    from test_server import MODEL, http, serving
+    from verispec.server.app import create_app
+    from verispec.server.scheduler import ServerConfig
+
+    pair = load_pair(*byte_pair)
+    messages = [{"role": "user", "content": "Fix the typo: teh cat"}]
+    for spec in (SpecConfig(gamma=3), PLAIN):
+        with serving(create_app(pair, spec, ServerConfig(max_batch=4, timeout_s=60))) as live:
+            client = live.client()
+            # ASCII output (this random model's bytes would not survive decoding), so the text re-encodes exactly
+            options = dict(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                           extra_body={"structured_outputs": {"regex": "[a-z ]{10,60}"}})
+            plain = client.chat.completions.create(**options)
+            text = plain.choices[0].message.content
+            assert plain.usage.completion_tokens_details is None or \
+                plain.usage.completion_tokens_details.accepted_prediction_tokens in (None, 0)
+            predicted = client.chat.completions.create(prediction={"type": "content", "content": text}, **options)
+            assert predicted.choices[0].message.content == text
+            details = predicted.usage.completion_tokens_details
+            assert details.accepted_prediction_tokens >= 20 and details.rejected_prediction_tokens >= 0
+            chunks = list(client.chat.completions.create(
+                prediction={"type": "content", "content": [{"type": "text", "text": text}]}, stream=True,
+                stream_options={"include_usage": True}, **options))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+            assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= 20
+            status, _, body = http(f"{live.url}/v1/chat/completions",
+                                   {"model": MODEL, "messages": messages, "prediction": {"type": "image"}})
+            assert status == 400 and json_module.loads(body)["error"]["param"] == "prediction"

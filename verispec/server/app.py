@@ -216,7 +216,7 @@ class _Service:
             choices.append(build_choice(index, final_text(self.decode(tokens[index]), cut), event.finish_reason,
                                         report.whole(tokens[index], logprobs[index], cut) if report else None,
                                         self._stats(prepared, event) if count > 1 else None))
-        usage = schemas.usage(len(prepared.request.prompt_ids), sum(map(len, tokens)))
+        usage = schemas.usage(len(prepared.request.prompt_ids), sum(map(len, tokens)), _prediction_counts(prepared, last))
         build = schemas.chat_response if prepared.chat else schemas.completion_response
         return build(prepared.request_id, self.model_name, choices, usage, self._stats(prepared, last[0]))
 
@@ -260,7 +260,7 @@ class _Service:
                 body = schemas.completion_chunk(request_id, model, delta, finish_reason, stats, logprobs, index)
             return _sse_data(body)
 
-        tokens, left = 0, count
+        tokens, left, finished = 0, count, []
         try:
             if chat:
                 for index in range(count):
@@ -276,9 +276,11 @@ class _Service:
                     logprobs = report.rest(event.tokens, event.logprobs, cut) if report else None
                     yield chunk(index, delta, event.finish_reason, self._stats(prepared, event), logprobs)
                     left -= 1
+                    finished.append(event)
                     if not left:
                         if prepared.include_usage:
-                            usage = schemas.usage(len(prepared.request.prompt_ids), tokens)
+                            usage = schemas.usage(len(prepared.request.prompt_ids), tokens,
+                                                  _prediction_counts(prepared, finished))
                             yield _sse_data(schemas.usage_chunk(request_id, model, chat, usage))
                         break
                 else:
@@ -428,3 +430,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
         return JSONResponse(schemas.error_body(str(err.detail), type=kind), status_code=err.status_code,
                             headers=getattr(err, "headers", None))
+
+
+def _prediction_counts(prepared: Prepared, events: list) -> tuple[int, int] | None:
+    """(accepted, rejected) predicted tokens over a request's choices: its drafts, verified and accepted or
+    not (a request with a prediction drafts from it alone); None without a prediction."""
+    if not prepared.request.prediction:
+        return None
+    stats = [event.stats for event in events if event is not None and event.stats is not None]
+    accepted = sum(s.accepted for s in stats)
+    return accepted, sum(s.drafted for s in stats) - accepted

@@ -148,7 +148,7 @@ class RequestBuilder:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         seeds = [random.randrange(2**63) if body.seed is None else body.seed + i for i in range(body.n)]
         first = BatchRequest(request_id if body.n == 1 else f"{request_id}-0", prompt_ids, sampling, stop,
-                             seed=seeds[0], logprobs=_logprobs(body))
+                             seed=seeds[0], logprobs=_logprobs(body), prediction=self._prediction(body))
         try:
             self.check(first)  # the choices differ only in their seed and their grammar's state
         except ContextError as err:
@@ -164,6 +164,22 @@ class RequestBuilder:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return Prepared(tuple(requests), request_id, chat, body.stream, include_usage, body.return_spec_stats,
                         frozenset(stop_ids))
+
+    def _prediction(self, body: _Common) -> list[int] | None:
+        """OpenAI's predicted output, ``{"type": "content", "content": text or text parts}``, as token ids."""
+        prediction = body.prediction
+        if prediction is None:
+            return None
+        content = prediction.get("content") if isinstance(prediction, dict) else None
+        if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+            content = "".join(part["text"] for part in content)
+        if not isinstance(prediction, dict) or prediction.get("type") != "content" or not isinstance(content, str):
+            raise ApiError(400, 'prediction must be {"type": "content", "content": text or a list of text parts}',
+                           param="prediction")
+        try:
+            return list(self.tokenizer.encode(content, add_special_tokens=False)) or None
+        except Exception as err:  # e.g. a lone surrogate
+            raise ApiError(400, f"the prediction cannot be tokenized: {err}", param="prediction") from None
 
     def _stop_token_ids(self, body: _Common) -> tuple[int, ...]:
         ids = tuple(dict.fromkeys(body.stop_token_ids or ()))

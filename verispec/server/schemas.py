@@ -73,6 +73,8 @@ class _Common(BaseModel):
     # structured_outputs (exactly one of "json": a schema, "regex": a pattern, "grammar": Lark text).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    # Predicted output (OpenAI): its tokens are the drafts of this request, verified as any others.
+    prediction: dict[str, Any] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM's extension: > 0, 1 = off
@@ -127,9 +129,14 @@ class ChatCompletionRequest(_Common):
 # ---- responses ------------------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None) -> dict:
+    """OpenAI's usage; ``prediction``: (accepted, rejected) predicted tokens, for a request with one."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+    if prediction is not None:
+        body["completion_tokens_details"] = {"accepted_prediction_tokens": prediction[0],
+                                             "rejected_prediction_tokens": prediction[1]}
+    return body
 
 
 def completion_choice(index: int, text: str, finish_reason: str, logprobs: dict | None = None,
