@@ -33,7 +33,16 @@ def test_after_an_edit_the_drafts_resynchronise():
     drafter = PredictionDrafter(list(range(10, 30)), max_n=3)
     assert drafter.lookup([10, 11, 12], 3) == [13, 14, 15]
     assert drafter.lookup([10, 11, 12, 99, 98], 3) == []  # the output departs from the prediction
-    assert drafter.lookup([10, 11, 12, 99, 98, 16], 3) == [17, 18, 19]  # and rejoins it
+    assert drafter.lookup([10, 11, 12, 99, 98, 16], 3) == [17]  # rejoins it, one draft after a miss
+    assert drafter.lookup([10, 11, 12, 99, 98, 16, 17, 18], 3) == [19, 20]  # a full hit doubles the drafts
+
+
+def test_drafts_per_round_follow_how_much_of_the_prediction_is_accepted():
+    drafter = PredictionDrafter(list(range(100)), max_n=2, drafts=8)
+    output = [0, 1]
+    assert drafter.lookup(output, 8) == list(range(2, 10))
+    output += [2, 3, 4, 77]  # 3 accepted, then the output departs
+    assert drafter.lookup(output + [5], 8) == [6, 7, 8, 9]  # 3 + 1 drafts
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
