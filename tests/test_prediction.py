@@ -33,7 +33,8 @@ def test_after_an_edit_the_drafts_resynchronise():
     drafter = PredictionDrafter(list(range(10, 30)), max_n=3)
     assert drafter.lookup([10, 11, 12], 3) == [13, 14, 15]
     assert drafter.lookup([10, 11, 12, 99, 98], 3) == []  # the output departs from the prediction
-    assert drafter.lookup([10, 11, 12, 99, 98, 16], 3) == [17]  # rejoins it, one draft after a miss
+    assert drafter.lookup([10, 11, 12, 99, 98, 16], 3) == []  # one shared token is not enough to realign
+    assert drafter.lookup([10, 11, 12, 99, 98, 16, 17], 3) == [18]  # two are: one draft after the miss
     assert drafter.lookup([10, 11, 12, 99, 98, 16, 17, 18], 3) == [19, 20]  # a full hit doubles the drafts
 
 
@@ -42,7 +43,7 @@ def test_drafts_per_round_follow_how_much_of_the_prediction_is_accepted():
     output = [0, 1]
     assert drafter.lookup(output, 8) == list(range(2, 10))
     output += [2, 3, 4, 77]  # 3 accepted, then the output departs
-    assert drafter.lookup(output + [5], 8) == [6, 7, 8, 9]  # 3 + 1 drafts
+    assert drafter.lookup(output + [5, 6], 8) == [7, 8, 9, 10]  # 3 + 1 drafts
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
@@ -90,7 +91,7 @@ def test_batched_rows_with_and_without_predictions_decode_as_alone(pair):
                 if event.finished:
                     stats[event.request_id] = event.stats
         assert [outputs[str(i)] for i in range(3)] == alone, spec
-        assert stats["0"].accepted >= 25 and stats["2"].accepted >= 10  # the prediction drafts, even without a drafter
+        assert stats["0"].accepted >= 20 and stats["2"].accepted >= 8  # the prediction drafts, even without a drafter
 
 
 def test_generate_with_a_prediction_file_prints_plain_decodings_text(capsys, byte_pair, tmp_path):

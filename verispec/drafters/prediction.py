@@ -9,7 +9,7 @@ Drafts per round adapt: up to ``PREDICTION_DRAFTS`` while the prediction is acce
 after a miss (verifying positions costs time even when they are rejected).
 
 Alignment: the output so far is matched into the prediction by its last n tokens (n from ``max_n`` down
-to 1), preferring the occurrence that ends nearest where a copy would be now (the previous match moved
+to ``min_n``, 2 by default), preferring the occurrence that ends nearest where a copy would be now (the previous match moved
 on by the tokens output since), so a copy proceeds through the prediction in order and resynchronises
 after an edit. Before the first
 output token, or with nothing matching, nothing is drafted that round.
@@ -23,12 +23,12 @@ from verispec.config import SamplingParams
 from verispec.drafters.base import DrafterBase, Proposal
 
 PREDICTION_DRAFTS = 8  # drafts per round from a prediction (a copy is accepted in long runs)
-MAX_N = 8
+MAX_N, MIN_N = 8, 2  # one shared token is weak evidence that the output is copying the prediction there
 
 
 class PredictionDrafter(DrafterBase):
-    def __init__(self, prediction: list[int], max_n: int = MAX_N, drafts: int = PREDICTION_DRAFTS):
-        self.prediction, self.max_n, self.drafts = list(prediction), max_n, drafts
+    def __init__(self, prediction: list[int], max_n: int = MAX_N, drafts: int = PREDICTION_DRAFTS, min_n: int = MIN_N):
+        self.prediction, self.max_n, self.min_n, self.drafts = list(prediction), max_n, min_n, drafts
         self.cursor = 0  # where in the prediction the output was at the last match
         self.output_length = 0  # how long the output was then
         self.prompt_length: int | None = None
@@ -48,7 +48,7 @@ class PredictionDrafter(DrafterBase):
         num_drafts = min(num_drafts, self.length)
         if not output or num_drafts <= 0 or not self.prediction:
             return []
-        for n in range(min(self.max_n, len(output)), 0, -1):
+        for n in range(min(self.max_n, len(output)), self.min_n - 1, -1):
             pattern = output[-n:]
             starts = [i for i in range(len(self.prediction) - n + 1) if self.prediction[i:i + n] == pattern]
             if not starts:
