@@ -48,6 +48,9 @@ the output is deterministic and the audit checks that speculation follows the ar
 Presets: ``--thorough`` means N = 10000 per prompt over the four built-in prompts (explicit --samples,
 --tokens and --prompt still win): 40000 generations, so expect minutes on a small pair.
 Exit status: 0 pass, 1 FAIL, 2 bad input (one-line message).
+
+``--endpoint URL`` audits a running OpenAI-compatible server instead, as a black box against a second
+endpoint or a local model (two-sample test over texts; exit 3 when inconclusive): verispec/audit_endpoint.py.
 """
 
 from __future__ import annotations
@@ -348,7 +351,9 @@ def add_parser(commands) -> None:
                     "observed sequence exactly with the target alone, and test the counts (chi-square, "
                     "total variation against its noise floor). Exit status 0 pass, 1 FAIL, 2 bad input. "
                     "Unlike generate, audit samples at temperature 1 by default. See verispec/audit.py "
-                    "for the statistics and a worked example.")
+                    "for the statistics and a worked example. With --endpoint URL: a black-box audit of a "
+                    "running OpenAI-compatible server against --reference URL or --target (exit 3: "
+                    "inconclusive); see verispec/audit_endpoint.py.")
     cli.add_model_options(audit)
     cli.add_threads_option(audit)
     cli.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
@@ -369,10 +374,17 @@ def add_parser(commands) -> None:
                        help=f"preset: N = {THOROUGH_SAMPLES} over all {len(BUILTIN_PROMPTS)} built-in prompts")
     audit.add_argument("--json", action="store_true",
                        help="print one JSON object: verdict, p_value, tv, noise_floor, per-prompt details")
+    from verispec.audit_endpoint import add_options as add_endpoint_options
+
+    add_endpoint_options(audit)
     audit.set_defaults(run=run_command)
 
 
 def run_command(args) -> int:
+    if args.endpoint is not None or args.reference is not None:  # the black-box audit of a server
+        from verispec.audit_endpoint import run_endpoint_command
+
+        return run_endpoint_command(args)
     from verispec import cli
     from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair
 

@@ -31,6 +31,7 @@ forces, its rows verified under their transforms, and the guide advanced by what
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -54,6 +55,13 @@ from verispec.stopping import Decode, apply_stop_rules
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
 
 CATCH_UP_ALONE = 16  # a row's draft backlog at least this long is fed alone (see _catch_up_alone)
+# TEST-ONLY fault injection: VERISPEC_FAULT, read when a BatchEngine is built, plants one deliberate
+# verifier bug so tests/test_audit_endpoint.py can show that `verispec audit --endpoint` catches it.
+# Unset (as in all real use) the engine is unchanged: every fault branch below is behind `self.fault`.
+#   q_without_temperature  q reported to the verifier is the draft's distribution at temperature 1
+#   q_low_precision        q recomputed from the draft's logits rounded to bfloat16 (drawn from float32)
+#   bonus_from_draft       after all drafts are accepted, the bonus token is drawn from the draft model
+FAULTS = ("q_without_temperature", "q_low_precision", "bonus_from_draft")
 
 
 @dataclass
@@ -137,6 +145,9 @@ class BatchEngine:
         self.max_batch = max_batch
         self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
         self.rows: list[_Sequence] = []  # row i of the caches holds rows[i]
+        self.fault = os.environ.get("VERISPEC_FAULT") or None  # TEST-ONLY, see FAULTS
+        if self.fault is not None and self.fault not in FAULTS:
+            raise VerispecError(f"VERISPEC_FAULT={self.fault!r} is not a test fault ({', '.join(FAULTS)})")
 
     @property
     def active(self) -> int:
@@ -318,6 +329,9 @@ class BatchEngine:
                     drafts[row].append(greedy[row])
                 else:
                     token, q = draw_draft(last[row], params, sequence.generator)
+                    if self.fault in ("q_without_temperature", "q_low_precision") and q is not None:  # TEST-ONLY
+                        q = logits_to_probs(last[row], replace(params, temperature=1.0)) \
+                            if self.fault == "q_without_temperature" else logits_to_probs(last[row].bfloat16(), params)
                     drafts[row].append(token)
                     if q is not None:
                         probs[row].append(q)
@@ -406,6 +420,8 @@ class BatchEngine:
                 verdicts.append(verify_chain(draft_tokens=torch.tensor(tokens, dtype=torch.long),
                                              draft_probs=draft_probs[row], target_probs=target_probs,
                                              generator=sequence.generator))
+                if self.fault == "bonus_from_draft" and verdicts[-1].last_kind == "bonus" and self.draft is not None:
+                    verdicts[-1] = self._bonus_from_draft(sequence, tokens, verdicts[-1])  # TEST-ONLY
             view.commit(row, 1 + verdicts[-1].num_accepted)
             if sequence.eagle is not None:
                 sequence.eagle.observe(features[row, :1 + verdicts[-1].num_accepted])
@@ -414,6 +430,15 @@ class BatchEngine:
                     token_logprobs(logits[row], verdict.tokens, sequence.request.logprobs)
                     for row, (sequence, verdict) in enumerate(zip(self.rows, verdicts))]
         return verdicts, logprobs
+
+    def _bonus_from_draft(self, sequence: _Sequence, tokens: list[int], verdict: ChainResult) -> ChainResult:
+        """TEST-ONLY fault (VERISPEC_FAULT=bonus_from_draft): the bonus token drawn from the draft model's
+        distribution after the accepted drafts (one fresh draft prefill) instead of the target's."""
+        ids = sequence.context + tokens
+        logits = self.draft.forward(torch.tensor([ids]), self.draft.new_cache(1, len(ids)), last_only=True,
+                                    **self.head)[0, -1].cpu()
+        bonus = sample_from(logits_to_probs(logits, sequence.request.sampling), sequence.generator)
+        return replace(verdict, tokens=verdict.tokens[:-1] + [bonus])
 
     def _commit(self, verdicts: list[ChainResult], logprobs: list[list[TokenLogprob] | None],
                 drafted: bool) -> list[BatchEvent]:
