@@ -137,7 +137,7 @@ def fit_of(pair, engine, spec, sampling=AUDIT, samples=1500):
 @pytest.mark.parametrize("method", ["chain", "perfect", "tree"])
 def test_sampled_penalized_output_follows_the_penalized_target_exactly(pair, method):
     spec = SPECS[method] if method != "tree" else replace(SPECS["tree"], sibling_mode="without_replacement")
-    fit, drafted, accepted = fit_of(pair, engine_for(pair, method), spec, samples=900 if method == "tree" else 1500)
+    fit, drafted, accepted = fit_of(pair, engine_for(pair, method), spec, samples=600 if method == "tree" else 1000)
     assert not fit.impossible and fit.p_value > 1e-3 and fit.tv < 2 * fit.noise_floor, fit
     assert drafted > 0
     if method == "perfect":  # the target drafting for itself under the same penalties: mostly accepted
