@@ -422,6 +422,12 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+def prompt_label(text: str | None, ids: list[int] | None) -> str:
+    """A prompt as a report's first column: its text (or ids), cut to 24 characters."""
+    label = repr(text) if text is not None else str(ids)
+    return label if len(label) <= 24 else label[:21] + "..."
+
+
 def format_report(report: AuditReport) -> str:
     sampling, spec, audit = report.sampling, report.spec, report.audit
     method = spec.method if spec.drafter == "model" or not spec.enabled else f"{spec.method} ({spec.drafter})"
@@ -433,8 +439,7 @@ def format_report(report: AuditReport) -> str:
              f"{'p-value':>9} {'accepted/drafted':>17}"]
     for item in report.prompts:
         fit = item.fit
-        label = repr(item.prompt_text) if item.prompt_text is not None else str(item.prompt_ids)
-        label = label if len(label) <= 24 else label[:21] + "..."
+        label = prompt_label(item.prompt_text, item.prompt_ids)
         chi = f"{fit.chi_square:.1f}/{fit.dof}"
         lines.append(f"{label:<24} {fit.distinct:>8} {fit.unseen_mass:>7.4f} {fit.tv:>7.4f} {fit.noise_floor:>7.4f} "
                      f"{chi:>13} {fit.p_value:>9.3g} {f'{item.accepted}/{item.drafted}':>17}")

@@ -77,7 +77,7 @@ import numpy as np
 
 from verispec.audit import (BUILTIN_PROMPTS, CHAT_PREFIX, DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_TOKENS,
                             MIN_EXPECTED_COUNT, MIN_SAMPLES, THOROUGH_SAMPLES, _parse_ids, chi_square_pvalue,
-                            sample_seeds)
+                            prompt_label, sample_seeds)
 from verispec.config import SamplingParams
 from verispec.errors import VerispecError
 
@@ -496,8 +496,7 @@ def format_report(report: EndpointReport) -> str:
              f"{'p-value':>9}"]
     for item in report.prompts:
         t = item.test
-        label = repr(item.prompt) if item.prompt is not None else str(item.prompt_ids)
-        label = label if len(label) <= 24 else label[:21] + "..."
+        label = prompt_label(item.prompt, item.prompt_ids)
         lines.append(f"{label:<24} {t.distinct:>6} {t.cells:>6} {t.coverage:>8.2f} {t.tv:>7.4f} {t.noise_floor:>7.4f} "
                      f"{f'{t.chi_square:.1f}/{t.dof}':>13} {t.p_value:>9.3g}")
     lines += [f"note: {note}" for note in report.notes]

@@ -46,7 +46,7 @@ from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import ContextError, VerispecError
 from verispec.grammar import FORCED_DRAFTS
-from verispec.guide import Guide
+from verispec.guide import Guide, with_point_masses
 from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, greedy_ids, logits_to_probs, sample_from
@@ -356,9 +356,7 @@ class BatchEngine:
             del drafts[row][allowed:]
             if draft_probs[row] is not None:
                 draft_probs[row] = draft_probs[row][:allowed] if allowed else None
-            if forced and draft_probs[row] is not None:  # free point-mass drafts after drawn ones
-                extra = torch.nn.functional.one_hot(torch.tensor(forced), draft_probs[row].shape[1])
-                draft_probs[row] = torch.cat([draft_probs[row], extra.to(draft_probs[row].dtype)])
+            draft_probs[row] = with_point_masses(draft_probs[row], forced)  # free drafts after drawn ones
             drafts[row] += forced
             masks.append(row_masks)
         return masks

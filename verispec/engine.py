@@ -26,7 +26,7 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.errors import ContextError, VerispecError
 from verispec.grammar import FORCED_DRAFTS
-from verispec.guide import Guide, Rows
+from verispec.guide import Guide, Rows, with_point_masses
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
@@ -184,11 +184,8 @@ class Generation:
             room = 0
         allowed, forced, self._round_masks = self.guide.round_masks(proposal.tokens.tolist(), max(0, room))
         if forced:
-            extra = torch.tensor(forced, dtype=torch.long)
-            probs = proposal.probs
-            if probs is not None:
-                probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[1]).to(probs.dtype)])
-            return Proposal(torch.cat([proposal.tokens, extra]), probs)
+            return Proposal(torch.cat([proposal.tokens, torch.tensor(forced, dtype=torch.long)]),
+                            with_point_masses(proposal.probs, forced))
         if allowed == count:
             return proposal
         return Proposal(proposal.tokens[:allowed], None if proposal.probs is None else proposal.probs[:allowed],

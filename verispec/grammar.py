@@ -37,6 +37,7 @@ import numpy
 import torch
 
 from verispec.errors import VerispecError
+from verispec.tree import path_nodes
 
 KINDS = ("json_object", "json_schema", "regex", "lark")
 FORCED_DRAFTS = 16  # at most this many tokens the grammar forces are appended to a round's drafts
@@ -224,20 +225,10 @@ class Constraint:
     def tree_masks(self, parents: list[int], tokens: list[int]) -> torch.Tensor:
         """Masks (N + 1, V) for a tree's rows: row 0 the root's (the committed state), row i the state
         after node i's path. Rows under a node the grammar forbids are never used: they allow everything."""
-        self.unstage()
-        rows = [self.mask()]
-        for node in range(1, len(tokens)):
-            path, at = [], node
-            while at > 0:
-                path.append(tokens[at])
-                at = parents[at]
-            consumed = 0
-            for token in reversed(path):
-                if not self.stage(token):
-                    break
-                consumed += 1
-            rows.append(self.mask() if consumed == len(path) else torch.ones(self.vocab_size, dtype=torch.bool))
-            self.unstage()
+        rows = []
+        for node in range(len(tokens)):
+            mask = self.mask_after([tokens[i] for i in path_nodes(parents, node)])
+            rows.append(mask if mask.any() else torch.ones(self.vocab_size, dtype=torch.bool))
         return torch.stack(rows)
 
     def path_masks(self, tokens: list[int]) -> tuple[torch.Tensor, int]:

@@ -55,6 +55,15 @@ class Rows:
         return self.mask
 
 
+def with_point_masses(probs: torch.Tensor | None, tokens: list[int]) -> torch.Tensor | None:
+    """Draft q rows (K, V) followed by one-hot rows for ``tokens`` (drafts that are point masses, such as
+    the tokens a grammar forces); None (all point masses) stays None."""
+    if probs is None or not tokens:
+        return probs
+    extra = torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), probs.shape[1]).to(probs.dtype)
+    return torch.cat([probs, extra])
+
+
 class Penalties:
     """Token counts of the output so far (committed, then staged drafts), and what the prompt holds."""
 
@@ -72,6 +81,14 @@ class Penalties:
         for i, token in enumerate(tokens):
             if 0 <= token < self.vocab_size:
                 counts[i + 1:, token] += 1
+        return Rows(None, counts, (counts > 0) | self.prompt, self.presence, self.frequency, self.repetition)
+
+    def row(self, tokens: list[int]) -> Rows:
+        """The one row after ``tokens`` (staged drafts, a tree node's path) on top of the output so far."""
+        counts = self.counts.clone()
+        for token in tokens:
+            if 0 <= token < self.vocab_size:
+                counts[token] += 1
         return Rows(None, counts, (counts > 0) | self.prompt, self.presence, self.frequency, self.repetition)
 
     def advance(self, tokens: list[int]) -> None:
@@ -117,8 +134,7 @@ class Guide:
 
     def mask(self) -> Rows:
         """The transform at the current state (committed tokens, then the staged ones)."""
-        staged = [] if self.penalties is None else self.penalties.staged
-        penalty = None if self.penalties is None else _index(self.penalties.rows(staged), -1)
+        penalty = None if self.penalties is None else self.penalties.row(self.penalties.staged)
         return _combine(None if self.constraint is None else self.constraint.mask(), penalty)
 
     def stage(self, token: int) -> bool:
@@ -159,7 +175,7 @@ class Guide:
 
     def rows_after(self, path: list[int]) -> Rows:
         """The whole transform after a tree node's path."""
-        penalty = None if self.penalties is None else _index(self.penalties.rows(path), -1)
+        penalty = None if self.penalties is None else self.penalties.row(path)
         return _combine(None if self.constraint is None else self.constraint.mask_after(path), penalty)
 
     def tree_masks(self, parents: list[int], tokens: list[int]) -> Rows:
@@ -185,6 +201,3 @@ class Guide:
         penalty = None if self.penalties is None else self.penalties.rows(tokens, torch.zeros(self.penalties.vocab_size))
         return _combine(masks, penalty), allowed
 
-
-def _index(rows: Rows, i: int) -> Rows:
-    return Rows(None, rows.counts[i], rows.seen[i], rows.presence, rows.frequency, rows.repetition)

@@ -85,11 +85,17 @@ class TokenTree:
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
-        path = []
-        while node > 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return path_nodes(self.parents, node)
+
+
+def path_nodes(parents: list[int], node: int) -> list[int]:
+    """Node indices from the root's first child down to ``node`` (root excluded), for a parents list
+    (a tree being built, or ``TokenTree.parents``)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 class AcceptanceCalibration:

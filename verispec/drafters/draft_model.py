@@ -21,7 +21,7 @@ from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal, common_prefix_length, head_args
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import draw_draft, logits_to_probs, sample_from
-from verispec.tree import AcceptanceCalibration, TokenTree
+from verispec.tree import AcceptanceCalibration, TokenTree, path_nodes
 
 BACKLOG_TOKENS = 2  # a chain round leaves at most x_K and the bonus or recovered token unseen
 
@@ -205,7 +205,7 @@ def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: Sampli
         width = 1 + min(shape.branching - 1, extras)
         extras -= width - 1
         if sampling.guide is not None:  # the grammar's mask and penalties after the main path so far
-            main_path = [tokens[node] for node in _path(parents, main)]
+            main_path = [tokens[node] for node in path_nodes(parents, main)]
             logits = sampling.guide.rows_after(main_path).apply(logits)
         children, q = _draw_children(logits, width, mode, sampling, generator)
         if q is not None:
@@ -217,15 +217,6 @@ def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: Sampli
         if level < shape.depth:
             logits = advance(tokens[main])
     return _tree_proposal(parents, tokens, rows, logits.shape[-1])
-
-
-def _path(parents: list[int], node: int) -> list[int]:
-    """The nodes from the root's first child down to ``node`` (empty for the root)."""
-    path = []
-    while node > 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 def top_tokens(logits: torch.Tensor, count: int) -> list[int]:

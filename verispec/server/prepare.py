@@ -104,11 +104,11 @@ class RequestBuilder:
             max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, self.max_len - len(prompt_ids)))
         return self._build(body, "chatcmpl", prompt_ids, max_tokens, self.chat_eos, "messages", chat=True)
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, param: str = "prompt") -> list[int]:
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as err:  # e.g. a lone surrogate that JSON escapes allow
-            raise ApiError(400, f"the prompt cannot be tokenized: {err}", param="prompt") from None
+            raise ApiError(400, f"the {param} cannot be tokenized: {err}", param=param) from None
 
     def _common_checks(self, body: _Common) -> None:
         if body.model is not None and body.model != self.model_name:
@@ -176,10 +176,7 @@ class RequestBuilder:
         if not isinstance(prediction, dict) or prediction.get("type") != "content" or not isinstance(content, str):
             raise ApiError(400, 'prediction must be {"type": "content", "content": text or a list of text parts}',
                            param="prediction")
-        try:
-            return list(self.tokenizer.encode(content, add_special_tokens=False)) or None
-        except Exception as err:  # e.g. a lone surrogate
-            raise ApiError(400, f"the prediction cannot be tokenized: {err}", param="prediction") from None
+        return self._encode(content, "prediction") or None
 
     def _stop_token_ids(self, body: _Common) -> tuple[int, ...]:
         ids = tuple(dict.fromkeys(body.stop_token_ids or ()))
