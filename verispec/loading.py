@@ -30,6 +30,7 @@ from tqdm import tqdm
 from verispec import kernels
 from verispec.adaptive import make_policy
 from verispec.config import SpecConfig
+from verispec.drafters.cross_vocab import CrossVocabDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
@@ -43,6 +44,7 @@ from verispec.models.compressed import load_checkpoint as load_compressed
 from verispec.models.gguf import gguf_tokenizer, load_gguf
 from verispec.models.hf import HFModel, load_hf_checkpoint
 from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
+from verispec.vocab import VocabBridge
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class ModelPair:
     draft_dir: Path | None
     eagle: EagleHead | None = None  # the feature head, when --method eagle
     eagle_dir: Path | None = None
+    bridge: VocabBridge | None = None  # a draft with its own tokenizer drafts through it (token-level intersection)
 
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
@@ -173,11 +176,20 @@ def resolve_target(target: str | Path | None, draft: str | Path | None = None) -
     if name == "tiny":
         if not embedded_pair_available():
             raise CheckpointError("the embedded tiny pair is not installed in this package; pass --target PATH")
-        return DEFAULT_TARGET, Path(draft) if draft is not None else DEFAULT_DRAFT
+        return DEFAULT_TARGET, _draft_path(draft) if draft is not None else DEFAULT_DRAFT
     if name == "smollm2":
         shipped = SMOLLM2_DRAFT if (SMOLLM2_DRAFT / "config.json").is_file() else None
-        return smollm2_path(), Path(draft) if draft is not None else shipped
-    return Path(target), Path(draft) if draft is not None else None
+        return smollm2_path(), _draft_path(draft) if draft is not None else shipped
+    return Path(target), _draft_path(draft) if draft is not None else None
+
+
+def _draft_path(draft: str | Path) -> Path:
+    """A ``--draft`` value: a path, or ``tiny`` for the embedded pair's draft (its own tokenizer)."""
+    if str(draft) == "tiny" and not Path(draft).exists():
+        if not embedded_pair_available():
+            raise CheckpointError("the embedded tiny draft is not installed in this package; pass --draft PATH")
+        return DEFAULT_DRAFT
+    return Path(draft)
 
 
 def check_model_args(target: str | Path | None, draft: str | Path | None, needs_draft: bool) -> None:
@@ -201,11 +213,12 @@ def load_target_and_tokenizer(target: str | Path | None, device: str = "cpu", ke
 def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None = None,
               device: str = "cpu", need_draft: bool = True, backend: Backend = "auto",
               draft_weights: str = "int8", need_eagle: bool = False,
-              eagle_dir: str | Path | None = None) -> ModelPair:
+              eagle_dir: str | Path | None = None, cross_vocab: bool = True) -> ModelPair:
     """Load target (+ draft). ``target_dir`` is a name (``smollm2``, the default, or ``tiny``) or a path
     (``resolve_target``); a named target brings its shipped draft. ``backend`` applies to both models
     (see ``load_model``). ``draft_weights``: "int8" quantizes a native draft's linear layers for the CPU
-    kernel (``quantize_draft``), "native" keeps its weights."""
+    kernel (``quantize_draft``), "native" keeps its weights. A draft that ships another tokenizer than
+    the target's drafts through a ``VocabBridge`` (``cross_vocab``; refused when False)."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
     target_name = target_dir
@@ -226,12 +239,12 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
             bar.set_postfix_str("draft")
             draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
                 else load_model(draft_dir, device, backend)
-            check_compatible(target, draft)
-            check_same_tokenizer(tokenizer, draft_dir, target.config.vocab_size)
+            bridge = bridge_for(tokenizer, target, draft, draft_dir, cross_vocab)
             if draft_weights == "int8":
                 quantize_draft(draft)
             bar.update()
-    pair = ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None)
+    pair = ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None,
+                     bridge=bridge if with_draft else None)
     if need_eagle:
         pair.eagle_dir = resolve_eagle(target_name, eagle_dir)
         if not isinstance(target, LlamaForCausalLM):
@@ -326,21 +339,27 @@ def check_compatible(target: Model, draft: Model) -> None:
             f"({target.config.vocab_size}); speculative decoding needs a draft with the target's tokenizer")
 
 
-def check_same_tokenizer(target_tokenizer, draft_dir: str | Path, vocab_size: int | None = None) -> None:
-    """A draft directory that ships its own tokenizer must give every token the target's id: equal
-    vocabulary sizes alone do not mean the ids agree (a different special token shifts them). Judged by
-    ids, not by tokenizer classes: the token -> id maps restricted to ids below the model's vocabulary
-    size (tokens a tokenizer class adds past it at load time never reach the model), and the EOS and BOS
-    ids."""
+def bridge_for(tokenizer, target: Model, draft: Model, draft_dir: str | Path, allowed: bool = True) -> VocabBridge | None:
+    """None for a draft that scores the target's ids; a ``VocabBridge`` for a draft that ships another
+    tokenizer (announced on stderr, or refused when not ``allowed``); an error for a draft of another
+    vocabulary size without a tokenizer of its own."""
     draft_dir = _checkpoint_dir(draft_dir)
     if not any((draft_dir / name).is_file() for name in TOKENIZER_FILES):
-        return  # no tokenizer of its own: it is assumed to use the target's
+        check_compatible(target, draft)
+        return None
     draft_tokenizer = load_tokenizer(draft_dir)
-    if not same_token_ids(target_tokenizer, draft_tokenizer, vocab_size):
+    vocab = target.config.vocab_size
+    if draft.config.vocab_size == vocab and same_token_ids(tokenizer, draft_tokenizer, vocab):
+        return None
+    if not allowed:
         raise CheckpointError(
             f"the draft's tokenizer in {str(draft_dir)!r} differs from the target's (its token -> id map or its "
-            "EOS/BOS ids are not the same); heterogeneous vocabularies are not supported yet, so use a draft "
-            "trained with the target's tokenizer")
+            "EOS/BOS ids are not the same); here the draft must use the target's tokenizer (a draft with "
+            "another tokenizer drafts in generate, audit and bench)")
+    bridge = VocabBridge.build(tokenizer, draft_tokenizer, vocab, draft.config.vocab_size)
+    print(f"verispec: the draft's tokenizer differs from the target's; it drafts over the {bridge.shared:,} "
+          "tokens both share (token-level intersection)", file=sys.stderr)
+    return bridge
 
 
 def same_token_ids(first, second, vocab_size: int | None = None) -> bool:
@@ -376,7 +395,8 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
     elif spec.enabled:
         if pair.draft is None:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
-        drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab)
+        drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab) if pair.bridge is None \
+            else CrossVocabDrafter(pair.draft, pair.bridge, vocab_limit=spec.draft_vocab)
     tokenizer = pair.tokenizer
     policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
     return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),

@@ -85,6 +85,9 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1.
     ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
     (``verispec.policy_trace``)."""
+    if pair.bridge is not None and spec.enabled and spec.drafter == "model":
+        raise VerispecError("the server's draft must use the target's tokenizer (a draft with another tokenizer "
+                            "drafts in generate, audit and bench)")
     if adaptive and not spec.enabled:
         raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
     if profile is not None and not adaptive:

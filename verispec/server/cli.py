@@ -122,7 +122,8 @@ def run_serve(args: argparse.Namespace) -> int:
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
                      backend=args.backend, draft_weights=args.draft_weights,
-                     need_eagle=spec.enabled and spec.drafter == "eagle", eagle_dir=args.eagle)
+                     need_eagle=spec.enabled and spec.drafter == "eagle", eagle_dir=args.eagle,
+                     cross_vocab=False)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     profile = None
