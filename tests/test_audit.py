@@ -174,7 +174,8 @@ def report_q_without_top_p(monkeypatch) -> None:
 
 def verify_tree_skipping_duplicates(tree, target_probs, mode, generator=None, **_):
     """(c) Known-wrong in iid mode: a sibling whose token was already rejected is skipped, so the
-    residual is not updated again (DESIGN.md: duplicates are separate nodes; never skip them)."""
+    residual is not updated again (docs/algorithms.md, Tree verification: duplicates are separate
+    nodes; never skip them)."""
     if mode != "iid":
         return verify_tree(tree, target_probs, mode, generator=generator)
     uniforms = torch.rand(len(tree.parents) - 1, generator=generator, dtype=torch.float64)
@@ -268,6 +269,27 @@ def test_cli_json(capsys, pair_dirs):
     assert data["config"]["sampling"]["temperature"] == 1.0  # audit samples by default
     assert data["config"]["spec"]["gamma"] == 2
     assert data["prompts"][0]["prompt_ids"] == [1, 2, 3, 0, 2]
+
+
+def test_cli_audits_the_draft_as_generate_runs_it(capsys, monkeypatch):
+    """--draft-vocab (auto: 2048 for the embedded draft) and --draft-weights reach the audited drafter."""
+    import verispec.audit as audit_module
+
+    seen = {}
+
+    def capture(engine, prompts, sampling, spec, config, **_):
+        seen.update(vocab=engine.drafter.vocab_limit, spec_vocab=spec.draft_vocab,
+                    int8=any(getattr(m, "quantized", None) is not None for m in engine.drafter.model.modules()))
+        raise VerispecError("captured")
+
+    monkeypatch.setattr(audit_module, "run_audit", capture)
+    assert run_cli(capsys, "audit", "--target", "tiny", "--samples", "50")[0] == 2
+    from verispec import kernels
+
+    assert seen == {"vocab": 2048, "spec_vocab": 2048, "int8": kernels.library() is not None}
+    assert run_cli(capsys, "audit", "--target", "tiny", "--samples", "50", "--draft-vocab", "100",
+                   "--draft-weights", "native")[0] == 2
+    assert seen == {"vocab": 100, "spec_vocab": 100, "int8": False}
 
 
 def test_cli_exit_status_1_on_fail(capsys, pair_dirs, monkeypatch):

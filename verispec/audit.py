@@ -55,6 +55,7 @@ endpoint or a local model (two-sample test over texts; exit 3 when inconclusive)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -386,7 +387,8 @@ def run_command(args) -> int:
 
         return run_endpoint_command(args)
     from verispec import cli
-    from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair
+    from verispec.loading import (build_engine, check_model_args, encode_prompt, eos_ids, load_pair,
+                                  resolve_draft_vocab)
 
     default_samples = THOROUGH_SAMPLES if args.thorough else DEFAULT_SAMPLES
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
@@ -398,7 +400,10 @@ def run_command(args) -> int:
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, **cli.eagle_args(args, spec))
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
+                     draft_weights=args.draft_weights, **cli.eagle_args(args, spec))
+    if needs_draft:  # the draft as generate and serve run it
+        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     texts = list(args.prompt)
     if not texts and not id_prompts:
         texts = list(BUILTIN_PROMPTS if args.thorough else BUILTIN_PROMPTS[:1])
