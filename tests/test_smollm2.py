@@ -84,6 +84,20 @@ def test_the_embedded_draft_drafts_for_smollm2_across_tokenizers(pair, prompts, 
     assert accepted > 0
 
 
+def test_a_short_audit_of_the_shipped_default_passes(pair):
+    """The default pair as served (int8 draft, its 8,192-token draft vocabulary) at t=1: a small audit
+    (2 draft positions) on a 3-token prompt, so a gross loss of exactness in the shipped configuration
+    fails CI."""
+    from verispec.audit import AuditConfig, run_audit
+
+    spec = SpecConfig(gamma=4, draft_vocab=resolve_draft_vocab(pair, "auto"))
+    prompt = encode_prompt(pair.tokenizer, "The sea is", chat=False)
+    report = run_audit(build_engine(pair, spec), [prompt], SamplingParams(temperature=1.0), spec,
+                       AuditConfig(tokens=4, samples=200, seed=0))
+    assert report.passed, report.as_dict()
+    assert report.prompts[0].drafted > 0 and report.prompts[0].accepted > 0
+
+
 def test_the_shipped_draft_shares_the_targets_embedding_and_rows(pair):
     assert pair.draft.model.embed_tokens.weight is pair.target.model.embed_tokens.weight
     assert pair.draft.lm_head.gguf_blocks[1] is pair.target.lm_head.gguf_blocks[1]
