@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 
 import pytest
 
@@ -19,7 +18,7 @@ from verispec.bench.workloads import BenchPrompt, build_prompt_set, describe_pro
 from verispec.cli import main
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.stats import RequestStats, RoundRecord, median_interval, ratio_interval
+from verispec.stats import RequestStats, RoundRecord
 
 # ---- config ---------------------------------------------------------------------------------------------
 
@@ -187,37 +186,6 @@ def test_draft_model_variants_get_the_draft_vocabulary():
                                                   variants=("off", "chain", "tree:s3_k2_d5", "ngram", "self", "hf")))
     got = {v.name: v.spec.draft_vocab if v.spec is not None else "peer" for v in with_draft_vocab(config.variants(), 512)}
     assert got == {"off": None, "chain": 512, "tree:s3_k2_d5": 512, "ngram": None, "self": None, "hf": "peer"}
-
-
-def test_median_interval_uses_binomial_order_statistics():
-    # n = 6: only (min, max) reaches 95%, coverage 1 - 2/64; n = 5 cannot (1 - 2/32 < 0.95).
-    assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0, pytest.approx(1 - 2 / 64))
-    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
-    # n = 16: P(Bin(16, 1/2) <= 3) = 697/65536 keeps 95%, adding P(= 4) = 1820/65536 does not.
-    low, high, coverage = median_interval([float(v) for v in range(16, 0, -1)])
-    assert (low, high) == (4.0, 13.0) and coverage == pytest.approx(1 - 2 * 697 / 65536)
-
-
-def test_ratio_interval_resamples_prompts_and_covers_the_true_rate():
-    assert ratio_interval([3.0], [4.0]) is None
-    assert ratio_interval([2.0, 2.0, 2.0], [4.0, 4.0, 4.0]) == (0.5, 0.5)  # no spread, no width
-    rng = random.Random(1)
-    accepted = [float(sum(rng.random() < 0.7 for _ in range(4))) for _ in range(200)]
-    low, high = ratio_interval(accepted, [4.0] * 200)
-    assert ratio_interval(accepted, [4.0] * 200) == (low, high)  # seeded: the same call, the same interval
-    assert low < sum(accepted) / 800 < high
-    normal_width = 2 * 1.96 * (0.7 * 0.3 / 800) ** 0.5  # binomial proportion over 800 drafts
-    assert 0.8 * normal_width < high - low < 1.2 * normal_width
-    # Coverage: over 100 simulated prompt sets of uneven sizes, the 90% interval holds the true rate
-    # 0.6 about 90 times (binomial sd 3; a wrong resampling unit would miss it far more often).
-    hits = 0
-    for trial in range(100):
-        rng = random.Random(100 + trial)
-        sizes = [rng.randint(1, 12) for _ in range(40)]
-        hits_per_prompt = [float(sum(rng.random() < 0.6 for _ in range(n))) for n in sizes]
-        low, high = ratio_interval(hits_per_prompt, [float(n) for n in sizes], level=0.9, resamples=300, seed=trial)
-        hits += low <= 0.6 <= high
-    assert 80 <= hits <= 98
 
 
 def test_speedup_interval_comes_from_paired_repeat_ratios():

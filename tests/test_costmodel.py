@@ -1,4 +1,5 @@
-"""Cost model: SEED.md's figures exactly, per-position acceptance, sweeps, and the plan CLI."""
+"""Cost model: the figures of docs/algorithms.md (The cost model and the planner) exactly,
+per-position acceptance, sweeps, and the plan CLI."""
 
 import json
 import random
@@ -11,7 +12,7 @@ from verispec.costmodel import expected_tokens, expected_tokens_by_start
 from verispec.cli import main
 
 
-def test_seed_figures():
+def test_worked_example_figures():
     first = costmodel.plan(alpha=0.8, gamma=4, draft_ms=1, verify_ms=12, state_ms=2, baseline_ms=10)
     second = costmodel.plan(alpha=0.9, gamma=4, draft_ms=3, verify_ms=12, state_ms=2, baseline_ms=10)
     assert (round(first.expected_tokens, 4), first.cycle_ms, round(first.ms_per_token, 3), round(first.speedup, 3)) \

@@ -71,8 +71,9 @@ def assert_cache_matches_fresh_prefill(model, cache, tokens):
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)])
 def test_kv_cache_equals_fresh_prefill_after_rounds(models, params):
-    """DESIGN.md invariant: after any rounds the target cache holds exactly the committed prefix
-    (all committed tokens but the last, which is fed next round); the draft cache likewise."""
+    """Invariant (docs/algorithms.md, KV state follows the committed path): after any rounds the
+    target cache holds exactly the committed prefix (all committed tokens but the last, which is fed
+    next round); the draft cache likewise."""
     target, draft = models["llama"], models["draft"]
     drafter = DraftModelDrafter(draft)
     engine = SpecEngine(target, drafter)

@@ -337,23 +337,3 @@ def test_loading_errors(tmp_path, hf_dirs):
     with pytest.raises(CheckpointError, match="no \\*.safetensors") as error:
         load_model(unknown)
     assert "\n" not in str(error.value)
-
-
-def test_tokenizers_are_judged_by_ids_below_the_vocabulary():
-    """A token a tokenizer class adds past the model's vocabulary at load time does not make two
-    tokenizers different; a shifted id or another EOS does."""
-    from verispec.loading import same_token_ids
-
-    class Fake:
-        def __init__(self, vocab, eos=0, bos=None):
-            self.vocab, self.eos_token_id, self.bos_token_id = vocab, eos, bos
-
-        def get_vocab(self):
-            return dict(self.vocab)
-
-    base = {"a": 0, "b": 1, "c": 2}
-    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=3)
-    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=8)  # an id only one has
-    assert not same_token_ids(Fake(base), Fake({**base, "c2": 2}), vocab_size=8)  # id 2 names two tokens
-    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 2, "c": 1}), vocab_size=3)
-    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 1, "c": 2, "d": 3}, eos=2), vocab_size=4)

@@ -2,7 +2,8 @@
 
 The pipeline is checked on hand examples (where the answer is known without the code) and against a
 slow float64 reference that applies temperature -> top-k -> top-p -> min-p in that order. ``sample`` is
-checked against SEED.md's ``sample()`` transcribed verbatim, and against the exact Fraction oracle.
+checked against a plain-Python inverse CDF in token-id order (docs/algorithms.md, Sampling), and against
+the exact Fraction oracle.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def probs_after(probs: list[float], **params) -> list[float]:
     return logits_to_probs(logits, SamplingParams(**params)).tolist()
 
 
-def seed_sample(distribution: list[float], u: float) -> int:
-    """SEED.md's ``sample()``, verbatim except tokens are ids."""
+def plain_sample(distribution: list[float], u: float) -> int:
+    """Inverse-CDF sampling in token-id order, in plain Python: the first id whose cumulative mass exceeds u."""
     assert 0 <= u < 1
     cumulative = 0
     for token, mass in enumerate(distribution):
@@ -43,7 +44,8 @@ def seed_sample(distribution: list[float], u: float) -> int:
 
 def reference_pipeline(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
                        min_p: float) -> tuple[np.ndarray, float]:
-    """Slow float64 pipeline in DESIGN.md's order; also returns how close a filter came to a boundary."""
+    """Slow float64 pipeline in sampling.py's order (docs/algorithms.md, Sampling); also returns how
+    close a filter came to a boundary."""
     scaled = logits / temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
@@ -202,13 +204,13 @@ def test_sampling_params_accept_the_range_edges():
 
 # --- inverse-CDF sampling ----------------------------------------------------------------------------
 
-def test_sample_reproduces_seed_examples():
-    residual, p = [0.0, 1.0, 0.0], [0.5, 0.25, 0.25]  # SEED.md: the residual, and a dyadic p
-    assert sample(torch.tensor(residual), 0.2) == seed_sample(residual, 0.2) == 1
+def test_sample_reproduces_plain_inverse_cdf():
+    residual, p = [0.0, 1.0, 0.0], [0.5, 0.25, 0.25]  # the worked example's residual, and a dyadic p
+    assert sample(torch.tensor(residual), 0.2) == plain_sample(residual, 0.2) == 1
     uniforms = [0.0, 0.2, 0.4999999, 0.5, 0.6, 0.74999, 0.75, 0.9, LARGEST_BELOW_ONE]
     for u in uniforms:
-        assert sample(torch.tensor(p), u) == seed_sample(p, u), u
-        assert sample(torch.tensor(residual), u) == seed_sample(residual, u) == 1, u
+        assert sample(torch.tensor(p), u) == plain_sample(p, u), u
+        assert sample(torch.tensor(residual), u) == plain_sample(residual, u) == 1, u
 
 
 def test_sample_uses_u_at_double_precision():

@@ -131,15 +131,16 @@ def random_cases_away_from_ties(seed: int, count: int, draft_kind: str) -> list[
     return cases
 
 
-def test_seed_round_replays_to_a_then_b():
-    # SEED.md: p = (0.5, 0.3, 0.2), q = (0.6, 0.1, 0.3); drafts A, C, B; draws 0.7, 0.9, 0.2; final 0.2.
+def test_worked_example_round_replays_to_a_then_b():
+    # docs/algorithms.md's worked example: p = (0.5, 0.3, 0.2), q = (0.6, 0.1, 0.3); drafts A, C, B;
+    # draws 0.7, 0.9, 0.2; final 0.2.
     p, q = torch.tensor([[0.5, 0.3, 0.2]] * 4), torch.tensor([[0.6, 0.1, 0.3]] * 3)
     result = verify_chain(torch.tensor([0, 2, 1]), q, p, torch.tensor([0.7, 0.9, 0.2]), 0.2)
     assert (result.tokens, result.num_accepted, result.last_kind) == ([0, 1], 1, "recovered")
     assert result.recovered_token == 1 and result.bonus_token is None
 
 
-def test_seed_round_accepts_everything_with_small_draws():
+def test_worked_example_round_accepts_everything_with_small_draws():
     p, q = torch.tensor([[0.5, 0.3, 0.2]] * 4), torch.tensor([[0.6, 0.1, 0.3]] * 3)
     result = verify_chain(torch.tensor([0, 2, 1]), q, p, torch.tensor([0.1, 0.1, 0.1]), 0.9)
     assert (result.tokens, result.num_accepted, result.last_kind) == ([0, 2, 1, 2], 3, "bonus")

@@ -1,9 +1,10 @@
-"""verify/exact.py: SEED.md's numbers, and exact end-to-end losslessness on a toy language model.
+"""verify/exact.py: the worked example's numbers (docs/algorithms.md, Chain verification), and exact
+end-to-end losslessness on a toy language model.
 
 Everything here is Fraction arithmetic, so equalities are exact. The end-to-end check enumerates every
 outcome of repeated chain rounds on a 3-token toy model and requires the distribution of the first
 ``length`` tokens to equal the target's own, to the last digit. A variant that resamples from p after a
-rejection (the mistake SEED.md warns about) must give a different distribution, so the check has teeth.
+rejection (the mistake docs/algorithms.md warns about) must give a different distribution, so the check has teeth.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from verispec.verify.exact import (ToyModel, acceptance_masses, chain_round_outc
                                    sample_exact, spec_sequence_distribution, target_sequence_distribution,
                                    verify_chain_exact)
 
-SEED_P = [F("0.5"), F("0.3"), F("0.2")]  # A, B, C = 0, 1, 2
-SEED_Q = [F("0.6"), F("0.1"), F("0.3")]
+EXAMPLE_P = [F("0.5"), F("0.3"), F("0.2")]  # A, B, C = 0, 1, 2
+EXAMPLE_Q = [F("0.6"), F("0.1"), F("0.3")]
 
 
 def toy_model(seed: int, vocab: int = 3) -> ToyModel:
@@ -68,38 +69,38 @@ def round_resampling_from_p(prefix, target: ToyModel, draft: ToyModel, gamma: in
     return {tokens: mass for tokens, mass in outcomes.items() if mass}
 
 
-# --- SEED.md's worked example ------------------------------------------------------------------------
+# --- the worked example (docs/algorithms.md) ---------------------------------------------------------
 
-def test_seed_accounting_of_probability_mass():
-    masses = acceptance_masses(SEED_P, SEED_Q)
+def test_example_accounting_of_probability_mass():
+    masses = acceptance_masses(EXAMPLE_P, EXAMPLE_Q)
     assert masses.accepted == [F("0.5"), F("0.1"), F("0.2")]
     assert masses.acceptance == F("0.8")
     assert masses.residual == [0, 1, 0]
-    assert masses.reconstructed == SEED_P
+    assert masses.reconstructed == EXAMPLE_P
     # The acceptance probabilities min(1, p/q) are 5/6, 1, 2/3.
-    assert [min(F(1), p / q) for p, q in zip(SEED_P, SEED_Q)] == [F(5, 6), F(1), F(2, 3)]
+    assert [min(F(1), p / q) for p, q in zip(EXAMPLE_P, EXAMPLE_Q)] == [F(5, 6), F(1), F(2, 3)]
 
 
-def test_seed_round_replays_exactly():
-    result = verify_chain_exact([0, 2, 1], [SEED_Q] * 3, [SEED_P] * 4, [F("0.7"), F("0.9"), F("0.2")], F("0.2"))
+def test_example_round_replays_exactly():
+    result = verify_chain_exact([0, 2, 1], [EXAMPLE_Q] * 3, [EXAMPLE_P] * 4, [F("0.7"), F("0.9"), F("0.2")], F("0.2"))
     assert (result.tokens, result.num_accepted, result.last_kind) == ([0, 1], 1, "recovered")
     assert result.recovered_token == 1  # B replaces the rejected C; the draft B after it is discarded
 
 
-def test_seed_round_with_all_drafts_accepted_ends_with_a_bonus():
-    result = verify_chain_exact([0, 2, 1], [SEED_Q] * 3, [SEED_P] * 4, [F("0.1")] * 3, F("0.2"))
+def test_example_round_with_all_drafts_accepted_ends_with_a_bonus():
+    result = verify_chain_exact([0, 2, 1], [EXAMPLE_Q] * 3, [EXAMPLE_P] * 4, [F("0.1")] * 3, F("0.2"))
     assert (result.tokens, result.last_kind) == ([0, 2, 1, 0], "bonus")
 
 
 def test_equal_distributions_never_reject():
-    masses = acceptance_masses(SEED_P, SEED_P)
-    assert masses.acceptance == 1 and masses.residual is None and masses.reconstructed == SEED_P
+    masses = acceptance_masses(EXAMPLE_P, EXAMPLE_P)
+    assert masses.acceptance == 1 and masses.residual is None and masses.reconstructed == EXAMPLE_P
     for u in [F(0), F(1, 3), F("0.5"), F("0.999"), 1 - F(1, 10 ** 30)]:
-        result = verify_chain_exact([0, 2, 1], [SEED_P] * 3, [SEED_P] * 4, [u] * 3, F(0))
+        result = verify_chain_exact([0, 2, 1], [EXAMPLE_P] * 3, [EXAMPLE_P] * 4, [u] * 3, F(0))
         assert result.num_accepted == 3 and result.last_kind == "bonus"
 
 
-@pytest.mark.parametrize("p, q", [(SEED_P, SEED_Q), (SEED_Q, SEED_P), ([F(1), F(0), F(0)], [F(1, 3)] * 3),
+@pytest.mark.parametrize("p, q", [(EXAMPLE_P, EXAMPLE_Q), (EXAMPLE_Q, EXAMPLE_P), ([F(1), F(0), F(0)], [F(1, 3)] * 3),
                                   ([F(0), F(1, 2), F(1, 2)], [F(1, 2), F(1, 2), F(0)])])
 def test_accepted_plus_residual_restores_p(p, q):
     masses = acceptance_masses(p, q)
@@ -107,18 +108,18 @@ def test_accepted_plus_residual_restores_p(p, q):
     assert sum(masses.residual) == 1 and masses.reconstructed == p
 
 
-def test_sample_exact_is_seed_inverse_cdf():
-    assert [sample_exact(SEED_P, F(u)) for u in ["0", "0.49", "0.5", "0.79", "0.8", "0.99"]] == [0, 0, 1, 1, 2, 2]
+def test_sample_exact_is_the_inverse_cdf():
+    assert [sample_exact(EXAMPLE_P, F(u)) for u in ["0", "0.49", "0.5", "0.79", "0.8", "0.99"]] == [0, 0, 1, 1, 2, 2]
     assert sample_exact([F(0), F(2), F(0), F(6)], F("0.25")) == 3  # unnormalised: scaled by the total
     assert residual_exact([F(0), F(1)], [F(0), F(1)]) == [F(0), F(1)]  # empty residual falls back to p
 
 
-def test_round_outcomes_sum_to_one_and_match_the_seed_first_token():
-    constant_p, constant_q = (lambda prefix: SEED_P), (lambda prefix: SEED_Q)
+def test_round_outcomes_sum_to_one_and_match_the_example_first_token():
+    constant_p, constant_q = (lambda prefix: EXAMPLE_P), (lambda prefix: EXAMPLE_Q)
     outcomes = chain_round_outcomes((), constant_p, constant_q, gamma=2)
     assert sum(outcomes.values()) == 1
     first_token = [sum(m for tokens, m in outcomes.items() if tokens[0] == t) for t in range(3)]
-    assert first_token == SEED_P
+    assert first_token == EXAMPLE_P
     assert all(1 <= len(tokens) <= 3 for tokens in outcomes)
 
 
@@ -126,8 +127,8 @@ def test_greedy_draft_proposes_the_lowest_id_among_tied_maxima():
     # q ties tokens 0 and 1, so the greedy draft is token 0: accepted with p(0) = 1/2, else the residual
     # of p without token 0 gives B (0.3) or C (0.2).
     tied_draft = [F(1, 2), F(1, 2), F(0)]
-    outcomes = chain_round_outcomes((), lambda prefix: SEED_P, lambda prefix: tied_draft, gamma=1, greedy_draft=True)
-    expected = {(0, token): F(1, 2) * p for token, p in enumerate(SEED_P)} | {(1,): F("0.3"), (2,): F("0.2")}
+    outcomes = chain_round_outcomes((), lambda prefix: EXAMPLE_P, lambda prefix: tied_draft, gamma=1, greedy_draft=True)
+    expected = {(0, token): F(1, 2) * p for token, p in enumerate(EXAMPLE_P)} | {(1,): F("0.3"), (2,): F("0.2")}
     assert outcomes == expected
 
 

@@ -1,9 +1,9 @@
 """Statistical losslessness of the float chain verifier: simulated rounds converge to the target.
 
-Toy setting (as in SEED.md's example, but with a distribution per position): target p and draft q depend
-only on the absolute position, not on the tokens before it, so the target's own output is independent
-tokens y_1, y_2, ... with y_j ~ p_j. Each test simulates N rounds at once with ``verify_chain_batch``
-(drafts drawn from q with a seeded torch.Generator) and checks two things:
+Toy setting (as in docs/algorithms.md's worked example, but with a distribution per position): target p
+and draft q depend only on the absolute position, not on the tokens before it, so the target's own
+output is independent tokens y_1, y_2, ... with y_j ~ p_j. Each test simulates N rounds at once with
+``verify_chain_batch`` (drafts drawn from q with a seeded torch.Generator) and checks two things:
 
 (a) the first emitted token of a round starting at position 1 follows p_1;
 (b) the pair (y_1, y_2) follows p_1 x p_2, where y_2 is the round's second emitted token when the round
@@ -14,8 +14,8 @@ tokens y_1, y_2, ... with y_j ~ p_j. Each test simulates N rounds at once with `
 A sample passes when the chi-square p-value exceeds 1e-4 and the total variation from the expected
 distribution is below 3 sqrt(C / N) for C cells (see stats_helpers: a correct sampler fails this with
 probability < 1e-4 + 1e-10). Every seed is fixed, so the outcome is deterministic. Two deliberately broken
-verifiers must fail: one that resamples from p after a rejection (SEED.md's warning), and one that draws
-the bonus token from p_K instead of p_{K+1}.
+verifiers must fail: one that resamples from p after a rejection (docs/algorithms.md, Chain
+verification), and one that draws the bonus token from p_K instead of p_{K+1}.
 """
 
 from __future__ import annotations

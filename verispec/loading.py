@@ -79,8 +79,8 @@ class ModelPair:
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
 # order, most frequent first, and 98% of the target's greedy tokens on the held-out prompts have ids
-# below 2048 (experiments/draft_vocab_coverage.py), while its LM head (8192 x 256) was most of a draft step (batch engine at concurrency 1,
-# gamma 3, this Xeon: 1.22x -> 1.34x over plain decoding).
+# below 2048 (experiments/draft_vocab_coverage.py), while its LM head (8192 x 256) is most of a draft
+# step, so the limit raises the speedup over plain decoding (experiments/draft_vocab.py).
 EMBEDDED_DRAFT_VOCAB = 2048
 
 
@@ -322,9 +322,8 @@ def freeze_long_lived_objects() -> None:
     """Move every object alive now (modules, models, tokenizer, engines: ~320k objects with the embedded
     pair) out of the garbage collector's reach; call it once loading is done, in any process that then
     decodes for a while (the server, the in-process benchmarks). Otherwise each full collection walks
-    all of them, ~110 ms on the AMX Xeon, and stalls one round of every running request (a 124 ms
-    gamma-0 round in a traced sweep at concurrency 16, 20x its neighbours;
-    ``python experiments/gc_pause.py``)."""
+    all of them and stalls one round of every running request (``python experiments/gc_pause.py``
+    measures a full collection before and after the freeze)."""
     import gc
 
     gc.collect()

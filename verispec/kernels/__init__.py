@@ -31,9 +31,9 @@ that disagrees is not packed for (fp32: the library stays off), and ``status()``
 AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the tile state per process)
 bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patterns, see
 ``_pack_weight``) and multiplied with tile instructions, x split exactly into three bf16 parts so the
-products are exact and only fp32 accumulation rounds. A pass of 1..16 rows then costs about the same:
-measured on the embedded target, verify(8) / decode(1) 1.23 with AMX and 2.51 with the AVX2 loop on
-the same CPU (``verispec profile``; docs/results.md). Row results stay independent of the other rows. VERISPEC_AMX=0
+products are exact and only fp32 accumulation rounds. A pass of 1..16 rows then costs about the same
+as one row (``verispec profile`` measures verify(n) / decode(1); docs/results.md). Row results stay
+independent of the other rows. VERISPEC_AMX=0
 keeps the AVX2 loop; ``status()`` says which path the weights took.
 
 Fused decoder layers: ``decoder_layer`` runs a whole Llama decoder layer of a pass of up to ``max_fused()``
@@ -73,10 +73,10 @@ MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one 
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
 MAX_FUSED_AMX = 128
 # Without AMX-INT8, quantized (draft) models use their int8 rows on the AVX2 loop for passes of up to this
-# many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes (the draft's nine
-# linears in sequence: 147-152 against 189-190 us for bf16 on the Xeon's AVX2 loop,
-# experiments/draft_step_pieces.py); with the weights in cache the two cost the same at 1-8 rows
-# (the int8 values take extra conversions), so more rows gain nothing.
+# many rows, their bf16 weights beyond. At one row the int8 rows read half the bytes, which makes the
+# draft's linears faster than bf16 on the AVX2 loop (experiments/draft_step_pieces.py); with the weights
+# in cache the two cost the same at 1-8 rows (the int8 values take extra conversions), so more rows
+# gain nothing.
 INT8_ROWS = 4
 
 _reason = "not built yet"
@@ -691,9 +691,9 @@ class _LayerArgs(ctypes.Structure):
 
 class LayerPlan:
     """Consecutive decoder layers run by one ``decoder_layers`` call: their LayerWeights (each current,
-    all of one shape) and the C arrays of their pointers, packed and (when quantized) int8. A pass of a
-    few rows otherwise paid Python's dispatch per layer (weight checks, a 28-argument ctypes call):
-    10-20 us a layer on the Xeon, by line profiling when this was written."""
+    all of one shape) and the C arrays of their pointers, packed and (when quantized) int8, so that a
+    pass of a few rows does not pay Python's dispatch per layer (weight checks, a 28-argument ctypes
+    call)."""
 
     def __init__(self, weights: list[LayerWeights]):
         self.weights = weights

@@ -319,12 +319,10 @@ class LlamaForCausalLM(nn.Module):
         """One row's whole pass as one native call (``kernels.model_pass``: embedding, every layer,
         final norm, LM head), the same arithmetic as the steps without their Python dispatch, with its
         fixed arguments prepared once (``kernels.PassArgs``, rebuilt when anything it was built from
-        changed). On the Xeon the one call took a draft step with the 2048-id head from 236-238 us piece
-        by piece to 174-179 us, a target decode step from 1.71-1.72 to 1.61 ms
-        (experiments/draft_step_pieces.py); preparing its arguments once then took the draft step
-        from 191 to 125-133 us (the bare native call: 88-90 us) and the target step from 1.63-1.64 to
-        1.55-1.56 ms (the same script). None where a step would not take the kernel (then
-        the caller runs the steps)."""
+        changed): both the per-step dispatch and the per-call argument assembly are saved, which makes
+        draft and target steps faster than piece by piece (experiments/draft_step_pieces.py measures
+        the whole call, the pieces and the bare native call). None where a step would not take the
+        kernel (then the caller runs the steps)."""
         num_new = tokens.shape[1]
         if not kernels.FUSED_LAYERS or tokens.dtype != torch.long or tokens.is_cuda or num_new > kernels.max_fused():
             return None
@@ -417,10 +415,9 @@ class LlamaForCausalLM(nn.Module):
         """A long causal pass of one row (a prompt) as consecutive fused passes of ``rows`` tokens, each
         committed so the next sees it, and the row's length restored at the end: what a pass leaves
         in the cache is unchanged. Each token's arithmetic is the fused layer's, the same bits as
-        decoding it alone. Only where AMX multiplies: there torch's per-op path beyond ``rows`` took
-        1.5-2x as long (352 tokens: 79 vs 44 ms on the Xeon), while the AVX2 loop's 64-row passes
-        took 1.7-2x as long as torch's one big pass (352 tokens: 158 vs 80 ms, VERISPEC_AMX=0 there;
-        experiments/prefill_cost.py)."""
+        decoding it alone. Only where AMX multiplies: there torch's per-op path beyond ``rows`` is
+        slower than the fused chunks, while on the AVX2 loop 64-row passes are slower than torch's one
+        big pass (experiments/prefill_cost.py measures both)."""
         base, hidden = cache.lengths[0], []
         try:
             for first in range(0, x.shape[1], rows):

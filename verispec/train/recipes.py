@@ -41,12 +41,11 @@ def draft_model_config() -> LlamaConfig:
     """~3.9M parameters (2.1M of them the tied embedding): three layers, hidden 256, MLP 576, 4 heads, 1 KV head.
 
     On a CPU a small model's per-token cost is mostly per-layer overhead and the LM head, not weight
-    reads: measured with `verispec profile --threads 1` on the EPYC, one layer drafted a token in ~0.9 ms
-    and two in ~1.15 ms against the target's ~6.6 ms decode step; the second layer lifted greedy
-    acceptance at gamma 4 from 0.27/0.17/0.52 to 0.63/0.54/0.85 (code/chat/math). The shipped draft
-    grew a third layer from a two-layer, MLP-768 draft (``--layers 3 --intermediate 576``: each MLP
-    keeps its 576 busiest neurons, so three layers fit the 40 MB limit of both checkpoints), which
-    lifted code from 0.642 to 0.727 in the model card."""
+    reads, so a layer costs a fraction of the target's decode step (`verispec profile --threads 1`
+    measures both) while more layers raise greedy acceptance. The shipped draft grew a third layer
+    from a two-layer, MLP-768 draft (``--layers 3 --intermediate 576``: each MLP keeps its 576 busiest
+    neurons, so three layers fit the 40 MB limit of both checkpoints); docs/model-card.md gives its
+    acceptance."""
     return LlamaConfig(
         vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=576, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-5,
@@ -71,9 +70,8 @@ class OptimConfig:
     checkpoint_every_s: float = 600.0
     seed: int = 0
     # "bf16": forward and backward under torch.autocast(bfloat16); weights, gradients and AdamW state stay
-    # float32. On a CPU with AMX-BF16 this trains the target ~3x faster than "fp32" (2 threads: the bf16
-    # continuation run averaged ~2,350 tokens/s, the fp32 run that made the first target 817); without
-    # bf16 matrix units autocast is slower, hence the CLI's "auto".
+    # float32. On a CPU with AMX-BF16 this trains the target ~3x faster than "fp32" (docs/model-card.md
+    # gives both runs' tokens/s); without bf16 matrix units autocast is slower, hence the CLI's "auto".
     precision: str = "fp32"
 
     @property

