@@ -1,5 +1,5 @@
 """adaptive.py: the gamma policies on simulated rounds: AdaptiveGamma's climb, margins, per-request
-acceptance, prompt-read pricing and the read budget (``afford_switch``). The batch engine driving a
+acceptance, prompt-read pricing and the read budget (``GammaPolicy.afford``). The batch engine driving a
 policy is tested in test_batch.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from verispec.adaptive import AdaptiveGamma, Backlog, FixedGamma, afford_switch
+from verispec.adaptive import AdaptiveGamma, Backlog, FixedGamma
 from verispec.costmodel import expected_tokens
 
 
@@ -226,7 +226,7 @@ def test_a_bucket_on_gamma_zero_re_measures_only_as_often_as_its_reads_are_affor
         policy.reads(1000, 0.05)  # the draft's measured price: 50 us per token
         chosen = []
         for _ in range(2000):
-            gamma = afford_switch(policy, 16, policy.choose(16), Backlog(backlog_tokens, 16 * 40))
+            gamma = policy.afford(16, policy.choose(16), Backlog(backlog_tokens, 16 * 40))
             chosen.append(gamma)
             policy.observe(16, gamma, 0.03 * (1 + gamma), [0] * 16, [gamma] * 16)  # speculation loses
         return [i for i, g in enumerate(chosen) if g and i > 1]  # rounds spent on gamma 1 after the climb
@@ -250,10 +250,10 @@ def test_switching_to_the_best_gamma_must_repay_the_drafts_reads():
     for gamma in (0, 2):
         policy.observe(2, gamma, 0.01 * (1 + 0.125 * gamma), [1 if gamma else 0, gamma if gamma else 0], [gamma] * 2)
     assert policy.choose(2) == 2
-    assert afford_switch(policy, 2, 2, Backlog(400, 20)) == 2
-    assert afford_switch(policy, 2, 2, Backlog(400, 4)) == 0
-    assert afford_switch(policy, 2, 2, Backlog(0, 4)) == 2  # caught up: nothing to repay
-    assert afford_switch(FixedGamma(2), 2, 2, Backlog(400, 4)) == 2  # a fixed gamma is what the user asked for
+    assert policy.afford(2, 2, Backlog(400, 20)) == 2
+    assert policy.afford(2, 2, Backlog(400, 4)) == 0
+    assert policy.afford(2, 2, Backlog(0, 4)) == 2  # caught up: nothing to repay
+    assert FixedGamma(2).afford(2, 2, Backlog(400, 4)) == 2  # a fixed gamma is what the user asked for
 
 
 def test_a_first_climb_must_be_expected_to_repay_its_reads():
@@ -269,13 +269,13 @@ def test_a_first_climb_must_be_expected_to_repay_its_reads():
     assert policy.choose(8) == 1 and policy._smaller_gain(16) == pytest.approx(1.5 * 0.002 / 0.0029)
     policy.observe(16, 0, 0.004, [0] * 16, [0] * 16)
     assert policy.choose(16) == 1  # the climb it asks for
-    assert afford_switch(policy, 16, 1, Backlog(1600, 400)) == 0
-    assert afford_switch(policy, 16, 1, Backlog(0, 400)) == 1
-    assert afford_switch(policy, 16, 1, Backlog(1600, 40_000)) == 1
+    assert policy.afford(16, 1, Backlog(1600, 400)) == 0
+    assert policy.afford(16, 1, Backlog(0, 400)) == 1
+    assert policy.afford(16, 1, Backlog(1600, 40_000)) == 1
     alone = AdaptiveGamma(max_gamma=1, candidates=(0, 1), min_samples=1)
     alone.reads(1000, 0.02)
     alone.observe(1, 0, 0.002, [0], [0])
-    assert alone.choose(1) == 1 and afford_switch(alone, 1, 1, Backlog(1600, 40)) == 1
+    assert alone.choose(1) == 1 and alone.afford(1, 1, Backlog(1600, 40)) == 1
 
 
 def test_a_re_measure_between_speculating_gammas_is_not_a_switch():
@@ -287,7 +287,7 @@ def test_a_re_measure_between_speculating_gammas_is_not_a_switch():
     seconds = {0: 0.010, 1: 0.011, 2: 0.020}  # gamma 2's second draft is never accepted: 1 is best
     chosen = []
     for _ in range(40):
-        gamma = afford_switch(policy, 1, policy.choose(1), Backlog(1, 40))
+        gamma = policy.afford(1, policy.choose(1), Backlog(1, 40))
         chosen.append(gamma)
         policy.observe(1, gamma, seconds[gamma], [min(gamma, 1)], [gamma])
     assert chosen[:3] == [0, 1, 2] and policy.last_best[1] == 1
@@ -364,12 +364,31 @@ def test_a_first_climb_is_offered_the_gain_the_smaller_buckets_trend_to():
     assert trend._smaller_gain(16) == pytest.approx(1 + 0.10 ** 2 / 0.27, rel=1e-3)
     trend.observe(16, 0, 0.004, [0] * 16, [0] * 16)
     assert trend.choose(16) == 1  # the climb it would take...
-    assert afford_switch(trend, 16, 1, Backlog(800, 768)) == 0  # ...is not worth its reads
-    assert afford_switch(trend, 16, 1, Backlog(800, 40_000)) == 1
+    assert trend.afford(16, 1, Backlog(800, 768)) == 0  # ...is not worth its reads
+    assert trend.afford(16, 1, Backlog(800, 40_000)) == 1
     nearest = decided({8: 1.10})
     assert nearest._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
     nearest.observe(16, 0, 0.004, [0] * 16, [0] * 16)
-    assert afford_switch(nearest, 16, 1, Backlog(800, 768)) == 1
+    assert nearest.afford(16, 1, Backlog(800, 768)) == 1
     growing = decided({4: 1.05, 8: 1.10})
     assert growing._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
 
+
+
+def test_a_policy_missing_part_of_the_protocol_is_refused_by_name():
+    from verispec.adaptive import GammaPolicyBase, check_policy
+    from verispec.engine import SpecEngine
+    from verispec.errors import VerispecError
+
+    class OnlyChooses:
+        def choose(self, batch_size=1, request=None):
+            return 2
+
+    with pytest.raises(VerispecError, match="OnlyChooses .*missing observe, charge, reads, finished, afford"):
+        SpecEngine(object(), gamma_policy=OnlyChooses())
+
+    class Complete(GammaPolicyBase, OnlyChooses):
+        pass
+
+    check_policy(Complete())
+    assert Complete().afford(4, 3, Backlog(100, 10)) == 3  # the default affords what was chosen

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from verispec.adaptive import AdaptiveGamma, HFHeuristicGamma
+from verispec.adaptive import AdaptiveGamma, GammaPolicyBase, HFHeuristicGamma
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter, NgramDrafter
@@ -84,7 +84,7 @@ def test_adaptive_gamma_keeps_greedy_outputs(models, policy):
         assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
 
 
-class Scripted:
+class Scripted(GammaPolicyBase):
     """A gamma policy that plays a fixed list of gammas, then repeats its last."""
 
     def __init__(self, gammas):
@@ -93,9 +93,6 @@ class Scripted:
     def choose(self, batch_size, request=None):
         self.round += 1
         return self.gammas[min(self.round, len(self.gammas)) - 1]
-
-    def observe(self, *args):
-        pass
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=20)], ids=["greedy", "sampled"])

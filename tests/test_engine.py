@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verispec.adaptive import GammaPolicyBase
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter
 from verispec.engine import SpecEngine
@@ -191,7 +192,7 @@ def test_policy_is_not_charged_for_the_drafts_backlog(models):
     """A round that first feeds the draft a backlog (the prompt, or tokens committed at gamma 0) is
     reported to the gamma policy without that catch-up: it is not what the round's gamma costs."""
 
-    class Recording:
+    class Recording(GammaPolicyBase):
         def __init__(self, gammas):
             self.gammas, self.seen, self.charged = gammas, [], []
 

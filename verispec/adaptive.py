@@ -51,8 +51,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from verispec.costmodel import expected_tokens, expected_tokens_by_start
+from verispec.errors import VerispecError
 
 DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
@@ -104,7 +106,70 @@ class AcceptanceCounts:
         return out
 
 
-class AdaptiveGamma:
+class GammaPolicy(Protocol):
+    """What the engines use of a draft-length policy, and nothing else (``check_policy`` verifies it
+    once): ``choose`` the drafts for a round, ``observe`` its outcome; ``charge`` (seconds the draft spent
+    reading new requests' prompts, a cost of speculating at all), ``reads`` (seconds per token the draft
+    spends catching up), ``finished`` (a request's output length) and ``afford`` (whether the draft's
+    catch-up before a round is worth it). ``GammaPolicyBase`` gives the defaults."""
+
+    def choose(self, batch_size: int = 1, request: AcceptanceCounts | None = None) -> int: ...
+
+    def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
+                drafted_per_row: list[int]) -> None: ...
+
+    def charge(self, batch_size: int, seconds: float, prompts: int = 1) -> None: ...
+
+    def reads(self, tokens: int, seconds: float) -> None: ...
+
+    def finished(self, output_tokens: int) -> None: ...
+
+    def afford(self, batch_size: int, gamma: int, backlog: Backlog) -> int: ...
+
+
+class GammaPolicyBase:
+    """Defaults for the ``GammaPolicy`` protocol: learns nothing from outcomes, charges, reads or finished
+    requests, and affords whatever it chose."""
+
+    def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
+                drafted_per_row: list[int]) -> None:
+        """A policy that does not learn ignores outcomes."""
+
+    def charge(self, batch_size: int, seconds: float, prompts: int = 1) -> None:
+        """Prompt reads are no concern of a policy that does not weigh costs."""
+
+    def reads(self, tokens: int, seconds: float) -> None:
+        """Nor is the draft's price per token read."""
+
+    def finished(self, output_tokens: int) -> None:
+        """Nor are output lengths."""
+
+    def afford(self, batch_size: int, gamma: int, backlog: Backlog) -> int:
+        return gamma
+
+
+POLICY_MEMBERS = ("choose", "observe", "charge", "reads", "finished", "afford")
+
+
+def check_policy(policy) -> None:
+    """Raise ``VerispecError`` naming what a gamma policy lacks of the ``GammaPolicy`` protocol."""
+    missing = [name for name in POLICY_MEMBERS if not callable(getattr(policy, name, None))]
+    if missing:
+        raise VerispecError(f"{type(policy).__name__} does not implement the GammaPolicy protocol: missing "
+                            f"{', '.join(missing)} (subclass verispec.adaptive.GammaPolicyBase for the defaults)")
+
+
+def report_draft_reads(policy: GammaPolicy, batch_size: int, charged_s: float, tokens: int, seconds: float,
+                       prompts: int = 1) -> None:
+    """Tell ``policy`` what the draft read before a round: ``tokens`` in ``seconds`` in all (its price
+    per token), of which ``charged_s`` were ``prompts`` new requests' prompts."""
+    if charged_s and prompts:
+        policy.charge(batch_size, charged_s, prompts)
+    if tokens:
+        policy.reads(tokens, seconds)
+
+
+class AdaptiveGamma(GammaPolicyBase):
     RUN_UP = 2  # batch 1: depth added after a fully accepted round (one is taken off after any other)
     FOLLOW_CHECK_ROUNDS = 16  # batch 1: rounds between re-checks that following the run still beats plain decoding
     RATE_REFRESH_ROUNDS = 4  # a bucket's rounds between recomputations of the candidates' rates (``_rates``)
@@ -431,31 +496,7 @@ def _median(values) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def report_draft_reads(policy, batch_size: int, charged_s: float, tokens: int, seconds: float,
-                       prompts: int = 1) -> None:
-    """Tell ``policy`` what the draft read before a round: ``tokens`` in ``seconds`` in all (its price
-    per token: ``AdaptiveGamma.reads``), of which ``charged_s`` were ``prompts`` new requests' prompts
-    (a cost of speculating at all: ``AdaptiveGamma.charge``). Policies without those methods (fixed,
-    HF's heuristic, a user's own) ignore both."""
-    if charged_s and prompts and hasattr(policy, "charge"):
-        policy.charge(batch_size, charged_s, prompts)
-    if tokens and hasattr(policy, "reads"):
-        policy.reads(tokens, seconds)
-
-
-def report_finished(policy, output_tokens: int) -> None:
-    """Tell ``policy`` a request finished with ``output_tokens`` tokens (``AdaptiveGamma.finished``)."""
-    if hasattr(policy, "finished"):
-        policy.finished(output_tokens)
-
-
-def afford_switch(policy, batch_size: int, gamma: int, backlog: Backlog) -> int:
-    """``gamma`` unless ``policy`` judges the draft's reads before the round too dear
-    (``AdaptiveGamma.afford``); policies without that judgement get what they chose."""
-    return policy.afford(batch_size, gamma, backlog) if hasattr(policy, "afford") else gamma
-
-
-class FixedGamma:
+class FixedGamma(GammaPolicyBase):
     """The same gamma every round."""
 
     def __init__(self, gamma: int):
@@ -464,11 +505,8 @@ class FixedGamma:
     def choose(self, batch_size: int = 1, request: AcceptanceCounts | None = None) -> int:
         return self.gamma
 
-    def observe(self, *args) -> None:
-        pass
 
-
-class CycleGamma:
+class CycleGamma(GammaPolicyBase):
     """Calibration, not serving: rounds draft 1, 2, ..., ``top``, 1, ... in turn, so that every width's
     round is timed in one decoding loop, interleaved, under the same machine conditions."""
 
@@ -478,9 +516,6 @@ class CycleGamma:
     def choose(self, batch_size: int = 1, request: AcceptanceCounts | None = None) -> int:
         self.last = self.last % self.top + 1
         return self.last
-
-    def observe(self, *args) -> None:
-        pass
 
 
 def make_policy(name: str, gamma: int):
@@ -494,7 +529,7 @@ def make_policy(name: str, gamma: int):
     raise ValueError(f"unknown gamma policy {name!r}")
 
 
-class HFHeuristicGamma:
+class HFHeuristicGamma(GammaPolicyBase):
     """transformers' schedule: start at ``initial``; +2 when every draft was accepted, else -1 (min 1)."""
 
     def __init__(self, initial: int = 4, max_gamma: int = 16):

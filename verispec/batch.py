@@ -14,7 +14,7 @@ Drafts per round come from ``gamma_policy``: fixed (``spec.gamma``) or adaptive 
 (``verispec.adaptive.AdaptiveGamma``), which switches speculation off where it no longer pays. The
 draft model reads a sequence lazily, when it first drafts for it, so rounds at gamma 0 cost what
 plain decoding costs: no draft prefill, no draft catch-up. Before a round that would make it read a
-backlog, the policy may refuse the switch (``afford_switch``: the reads must repay themselves over the
+backlog, the policy may refuse the switch (``GammaPolicy.afford``: the reads must repay themselves over the
 rows' remaining tokens, or fit an exploration budget).
 Chains with a draft model, an EAGLE head (each row's head drafts in turn; the features come from the
 batched verification) or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from verispec.adaptive import (AcceptanceCounts, Backlog, FixedGamma, afford_switch, report_draft_reads,
-                               report_finished)
+from verispec.adaptive import (AcceptanceCounts, Backlog, FixedGamma, GammaPolicy, check_policy,
+                               report_draft_reads)
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import common_prefix_length, head_args
 from verispec.drafters.eagle import EagleDrafter
@@ -126,7 +126,7 @@ class _Sequence:
 class BatchEngine:
     def __init__(self, target: LlamaForCausalLM, draft: LlamaForCausalLM | None = None,
                  spec: SpecConfig = SpecConfig(), max_batch: int = 64, max_len: int | None = None,
-                 decode: Decode | None = None, gamma_policy=None, eagle: EagleHead | None = None):
+                 decode: Decode | None = None, gamma_policy: GammaPolicy | None = None, eagle: EagleHead | None = None):
         if spec.enabled and (spec.method != "chain" or spec.drafter == "early_exit"):
             raise VerispecError("batched decoding supports chains from a draft model, an EAGLE head or n-gram "
                                 "lookup; trees and self-speculation run one request at a time (verispec generate)")
@@ -144,6 +144,7 @@ class BatchEngine:
         self.draft_cache = self.draft.new_cache(max_batch, self.max_len) if self.draft is not None else None
         self.max_batch = max_batch
         self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
+        check_policy(self.gamma_policy)
         self.rows: list[_Sequence] = []  # row i of the caches holds rows[i]
         self.fault = os.environ.get("VERISPEC_FAULT") or None  # TEST-ONLY, see FAULTS
         if self.fault is not None and self.fault not in FAULTS:
@@ -224,7 +225,7 @@ class BatchEngine:
         sequence, reason = self.rows[row], event.finish_reason
         sequence.stats.finish_reason = reason
         if reason != "abort":
-            report_finished(self.gamma_policy, len(sequence.generated))
+            self.gamma_policy.finished(len(sequence.generated))
         sequence.stats.e2e_s = time.perf_counter() - sequence.started
         last = len(self.rows) - 1
         if row != last:  # keep active rows contiguous: the last row moves into the hole
@@ -245,7 +246,7 @@ class BatchEngine:
         # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
         gamma = self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
         if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
-            gamma = afford_switch(self.gamma_policy, len(self.rows), gamma, self._backlog())
+            gamma = self.gamma_policy.afford(len(self.rows), gamma, self._backlog())
         # Rows with a predicted output draft from it (at any gamma, even with speculation off), not the drafter.
         num_drafts = [0 if sequence.prediction else self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         prompts_s, prompts, reads_s, read_tokens = self._catch_up_alone() if max(num_drafts) else (0.0, 0, 0.0, 0)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from verispec.adaptive import AcceptanceCounts, report_draft_reads, report_finished
+from verispec.adaptive import AcceptanceCounts, GammaPolicy, check_policy, report_draft_reads
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.base import Drafter, Proposal, check_drafter
@@ -45,7 +45,7 @@ class GenerationResult:
 
 class SpecEngine:
     def __init__(self, target, drafter: Drafter | None = None, decode: Decode | None = None,
-                 gamma_policy=None):
+                 gamma_policy: GammaPolicy | None = None):
         if drafter is not None:
             check_drafter(drafter)
         self.target = target
@@ -54,6 +54,8 @@ class SpecEngine:
         # Chains: drafts per round come from this policy when set (kept across requests, so an
         # adaptive policy's measurements carry over); otherwise spec.gamma.
         self.gamma_policy = gamma_policy
+        if gamma_policy is not None:
+            check_policy(gamma_policy)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
                  spec: SpecConfig = SpecConfig(), stop: StopRules = StopRules(), seed: int = 0) -> GenerationResult:
@@ -127,7 +129,7 @@ class Generation:
         self.stats.e2e_s = time.perf_counter() - start
         self.stats.finish_reason = self.finish_reason
         if self.engine.gamma_policy is not None and self.spec.method == "chain":
-            report_finished(self.engine.gamma_policy, len(self.generated))
+            self.engine.gamma_policy.finished(len(self.generated))
         self.result = GenerationResult(self.generated, self.stats, self.finish_reason, self.stop_text_index)
 
     # ---- the steps ----------------------------------------------------------------------------------

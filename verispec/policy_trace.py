@@ -21,11 +21,12 @@ import json
 import time
 from pathlib import Path
 
-from verispec.adaptive import Backlog
+from verispec.adaptive import Backlog, GammaPolicy, check_policy
 
 
 class PolicyTrace:
-    def __init__(self, policy, path: str | Path):
+    def __init__(self, policy: GammaPolicy, path: str | Path):
+        check_policy(policy)
         self.policy = policy
         self.file = open(path, "a", buffering=1)  # line-buffered: a killed server keeps its lines
         self.began = time.perf_counter()
@@ -48,20 +49,15 @@ class PolicyTrace:
         if read_price is not None:  # the adaptive policy's view of the switch
             gain = self.policy.first_climb_gain(batch_size)
             self.pending.update(read_price=round(read_price, 8), gain=None if gain is None else round(gain, 4))
-        afford = getattr(self.policy, "afford", None)
-        return afford(batch_size, gamma, backlog) if afford is not None else gamma
+        return self.policy.afford(batch_size, gamma, backlog)
 
     def reads(self, tokens: int, seconds: float) -> None:
         self.pending.update(read_tokens=tokens, read_s=round(seconds, 6))
-        reads = getattr(self.policy, "reads", None)
-        if reads is not None:
-            reads(tokens, seconds)
+        self.policy.reads(tokens, seconds)
 
     def charge(self, batch_size: int, seconds: float, prompts: int = 1) -> None:
         self.pending.update(charged_s=round(seconds, 6), prompts=prompts)
-        charge = getattr(self.policy, "charge", None)
-        if charge is not None:
-            charge(batch_size, seconds, prompts)
+        self.policy.charge(batch_size, seconds, prompts)
 
     def observe(self, batch_size: int, gamma: int, seconds: float, accepted_per_row: list[int],
                 drafted_per_row: list[int]) -> None:
