@@ -69,12 +69,19 @@ def add_parser(commands) -> None:
     serve.add_argument("--timeout", type=float, default=defaults.timeout_s,
                        help=f"seconds a request may take before it is aborted with HTTP 504 (default "
                             f"{defaults.timeout_s:g})")
+    serve.add_argument("--shutdown-grace", type=float, default=defaults.shutdown_s, metavar="SECONDS",
+                       help=f"on SIGTERM or SIGINT: answer new requests with HTTP 503, give running ones this long "
+                            f"to finish, then abort them (a 503 body, or an error event in a stream) and exit 0 "
+                            f"(default {defaults.shutdown_s:g})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--served-model-name", default=None,
                        help="model id clients send and /v1/models lists (default: the target file's or directory's name, "
                             "verispec-default for the embedded pair)")
     serve.add_argument("--verbose", action="store_true", help="log requests and progress")
+    from verispec.server import ray_serve
+
+    ray_serve.add_options(serve)
     serve.set_defaults(run=run_serve)
 
 
@@ -89,6 +96,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.timeout > 0:
         raise VerispecError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not 0 <= args.shutdown_grace < float("inf"):
+        raise VerispecError(f"--shutdown-grace must be a finite number of seconds >= 0, got {args.shutdown_grace}")
     if args.profile and not args.adaptive:
         raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
     if args.no_spec:
@@ -104,12 +113,18 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY") or None
     return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout,
+                              shutdown_s=args.shutdown_grace,
                               max_model_len=args.max_model_len, api_key=api_key,
                               metrics_public=args.metrics_public, max_body_bytes=args.max_body_bytes)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     spec, config = config_from_args(args)
+    from verispec.server import ray_serve
+
+    ray_serve.check_options(args)
+    if args.ray:
+        return ray_serve.run(args, spec, config)
     try:
         import uvicorn
 

@@ -48,7 +48,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20  # larger request bodies get HTTP 413 before they are read
     max_queue: int = 256  # requests allowed to wait beyond the free batch rows; more get HTTP 429
     timeout_s: float = 600.0  # per request, from arrival to the last token; then abort + HTTP 504
-    shutdown_s: float = 30.0  # on shutdown, in-flight requests get this long to finish, then are aborted
+    shutdown_s: float = 20.0  # on SIGTERM/SIGINT, in-flight requests get this long to finish, then are aborted
     retry_after_s: int = 1  # the Retry-After header of a 429
 
 
