@@ -344,7 +344,7 @@ def binomial_mean_abs_deviation(n: int, p: float) -> float:
 
 def add_parser(commands) -> None:
     """Register ``verispec audit`` on the CLI's subparsers."""
-    from verispec import cli
+    from verispec import options
 
     audit = commands.add_parser(
         "audit", help="certify that speculative decoding samples exactly the target's distribution",
@@ -355,11 +355,11 @@ def add_parser(commands) -> None:
                     "for the statistics and a worked example. With --endpoint URL: a black-box audit of a "
                     "running OpenAI-compatible server against --reference URL or --target (exit 3: "
                     "inconclusive); see verispec/audit_endpoint.py.")
-    cli.add_model_options(audit)
-    cli.add_threads_option(audit)
-    cli.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
-    cli.add_spec_options(audit)
-    cli.add_grammar_options(audit)
+    options.add_model_options(audit)
+    options.add_threads_option(audit)
+    options.add_sampling_options(audit, temperature=1.0)  # greedy output is deterministic: nothing to audit
+    options.add_spec_options(audit)
+    options.add_grammar_options(audit)
     audit.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                        help="prompt text (repeatable); default: the first built-in prompt")
     audit.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
@@ -386,7 +386,7 @@ def run_command(args) -> int:
         from verispec.audit_endpoint import run_endpoint_command
 
         return run_endpoint_command(args)
-    from verispec import cli
+    from verispec import options
     from verispec.loading import (build_engine, check_model_args, encode_prompt, eos_ids, load_pair,
                                   resolve_draft_vocab)
 
@@ -394,14 +394,14 @@ def run_command(args) -> int:
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
                          samples=default_samples if args.samples is None else args.samples,
                          seed=args.seed, alpha=args.alpha)
-    sampling = cli.sampling_from_args(args)
-    spec = cli.spec_from_args(args)
-    grammar = cli.grammar_from_args(args)
+    sampling = options.sampling_from_args(args)
+    spec = options.spec_from_args(args)
+    grammar = options.grammar_from_args(args)
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
     pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
-                     draft_weights=args.draft_weights, **cli.eagle_args(args, spec))
+                     draft_weights=args.draft_weights, **options.eagle_args(args, spec))
     if needs_draft:  # the draft as generate and serve run it
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
     texts = list(args.prompt)
@@ -410,7 +410,7 @@ def run_command(args) -> int:
     prompts = [encode_prompt(pair.tokenizer, text.removeprefix(CHAT_PREFIX), chat=text.startswith(CHAT_PREFIX))
                for text in texts] + id_prompts
     labels = texts + [None] * len(id_prompts)
-    sampling = cli.guided(sampling, grammar, pair, eos_ids(pair.tokenizer, pair.target))
+    sampling = options.guided(sampling, grammar, pair, eos_ids(pair.tokenizer, pair.target))
     report = run_audit(build_engine(pair, spec), prompts, sampling, spec, config, progress=True,
                        prompt_texts=labels)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))

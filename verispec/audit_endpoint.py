@@ -540,7 +540,7 @@ def add_options(parser) -> None:
 
 
 def run_endpoint_command(args) -> int:
-    from verispec import cli
+    from verispec import options
 
     if args.endpoint is None:
         raise VerispecError("--reference compares against the server to audit: give --endpoint URL")
@@ -566,7 +566,7 @@ def run_endpoint_command(args) -> int:
                             f"{args.choices}")
     if not args.request_timeout > 0:
         raise VerispecError(f"--request-timeout must be > 0, got {args.request_timeout}")
-    sampling = cli.sampling_from_args(args)
+    sampling = options.sampling_from_args(args)
     prompts: list[str | list[int]] = list(args.prompt) + [_parse_ids(text) for text in args.prompt_ids]
     if not prompts:
         prompts = list(BUILTIN_PROMPTS if args.thorough else BUILTIN_PROMPTS[:1])

@@ -20,7 +20,7 @@ from verispec.errors import VerispecError
 
 
 def add_parser(commands) -> None:
-    from verispec.cli import add_model_options, add_sampling_options
+    from verispec.options import add_model_options, add_sampling_options
 
     bench = commands.add_parser(
         "bench", help="benchmark speculation off/on, chain vs tree, and transformers generate, with reports",

@@ -292,13 +292,15 @@ def _check_serve_arguments(args: tuple[str, ...], where: str) -> None:
     import contextlib
     import io
 
-    from verispec.cli import build_parser
-    from verispec.server.cli import config_from_args
+    from verispec.options import OneLineArgumentParser
+    from verispec.server.cli import add_parser, config_from_args
 
+    parser = OneLineArgumentParser(prog="verispec")
+    add_parser(parser.add_subparsers())
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
-            parsed = build_parser().parse_args(["serve", *args])
+            parsed = parser.parse_args(["serve", *args])
     except SystemExit:
         reason = (errors.getvalue().strip().splitlines() or ["cannot be parsed"])[-1]
         reason = reason.partition(" error: ")[2] or reason

@@ -34,7 +34,7 @@ import torch
 from verispec import profile as profiler
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.demo import PROMPTS_FILE
-from verispec.cli import add_draft_options
+from verispec.options import add_draft_options
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
 GREEDY = SamplingParams(temperature=0)

@@ -24,7 +24,7 @@ def add_parser(commands) -> None:
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Requests "
                     "are batched continuously; each round drafts for every running request and verifies all "
                     "of them in one target pass. With no --target, SmolLM2-135M-Instruct and its shipped draft.")
-    from verispec.cli import add_model_options, add_threads_option
+    from verispec.options import add_model_options, add_threads_option
 
     add_model_options(serve)
     add_threads_option(serve)
@@ -48,7 +48,7 @@ def add_parser(commands) -> None:
                             "batch is large; the draft catches up on what it missed only where that pays. "
                             "A lone request's depth follows its runs (+2 after a fully accepted round, -1 "
                             "otherwise, up to --gamma)")
-    from verispec.cli import add_draft_options
+    from verispec.options import add_draft_options
 
     add_draft_options(serve)
     serve.add_argument("--profile", metavar="JSON",

@@ -34,7 +34,7 @@ DEFAULT_THREADS = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from verispec.cli import OneLineArgumentParser
+    from verispec.options import OneLineArgumentParser
 
     parser = OneLineArgumentParser(prog="verispec train", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
