@@ -19,6 +19,7 @@ from verispec.loading import (DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED_DRAFT_VOCA
                               resolve_device, resolve_draft_vocab, resolve_eagle, resolve_target, shares_embedding,
                               smollm2_path)
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
+from verispec.models.protocol import Capabilities
 
 needs_embedded = pytest.mark.skipif(not loading.embedded_pair_available(), reason="the embedded pair is not installed")
 
@@ -29,7 +30,8 @@ def native_draft() -> LlamaForCausalLM:
 
 
 def pair(draft=None, draft_dir=None, target=None, **fields) -> ModelPair:
-    target = target if target is not None else SimpleNamespace(config=SimpleNamespace(vocab_size=16))
+    target = target if target is not None else SimpleNamespace(config=SimpleNamespace(vocab_size=16),
+                                                               capabilities=LlamaForCausalLM.capabilities)
     return ModelPair(target, draft, None, Path("target"), draft_dir, **fields)
 
 
@@ -111,7 +113,8 @@ def test_auto_draft_vocab_follows_the_draft_checkpoint(tmp_path):
     assert resolve_draft_vocab(pair(draft, silent), "auto") is None
     assert resolve_draft_vocab(pair(draft, DEFAULT_DRAFT), "auto") == EMBEDDED_DRAFT_VOCAB
     assert resolve_draft_vocab(pair(None, None), "auto") is None  # no draft model (n-gram, self)
-    assert resolve_draft_vocab(pair(SimpleNamespace(), asks), "auto") is None  # not native: scores every id
+    scores_every_id = SimpleNamespace(capabilities=Capabilities(trees=True))  # e.g. a transformers draft
+    assert resolve_draft_vocab(pair(scores_every_id, asks), "auto") is None
 
 
 def test_explicit_draft_vocab_values(tmp_path):
@@ -291,4 +294,21 @@ def test_an_engine_without_what_its_method_drafts_with_is_refused(spec, message)
 def test_a_draft_vocabulary_needs_the_native_draft():
     with pytest.raises(CheckpointError, match="--draft-vocab needs the native Llama-family draft model; pass "
                                               "--draft-vocab all"):
-        build_engine(pair(draft=SimpleNamespace()), SpecConfig(draft_vocab=100))
+        build_engine(pair(draft=SimpleNamespace(capabilities=Capabilities(trees=True))), SpecConfig(draft_vocab=100))
+
+
+def test_models_declare_what_they_can_do_and_the_protocol_is_checked():
+    from verispec.models.compressed import CompressedForCausalLM
+    from verispec.models.protocol import check_model
+
+    native, compressed = LlamaForCausalLM.capabilities, CompressedForCausalLM.capabilities
+    assert native.trees and native.early_exit and native.features and native.batching and native.vocab_limit
+    assert compressed.trees and not (compressed.early_exit or compressed.batching or compressed.staged_trees)
+    check_model(native_draft())
+    with pytest.raises(CheckpointError, match="SimpleNamespace does not implement the Model protocol: missing "
+                                              "capabilities, new_cache, forward"):
+        check_model(SimpleNamespace(config=None))
+    no_early_exit = SimpleNamespace(config=SimpleNamespace(vocab_size=16), capabilities=compressed)
+    with pytest.raises(CheckpointError, match="self-speculation \\(early exit\\) needs a target that runs its "
+                                              "first layers alone"):
+        build_engine(pair(target=no_early_exit), SpecConfig(drafter="early_exit"))

@@ -22,7 +22,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from tqdm import tqdm
@@ -44,6 +44,7 @@ from verispec.models.compressed import load_checkpoint as load_compressed
 from verispec.models.gguf import gguf_tokenizer, load_gguf
 from verispec.models.hf import HFModel, load_hf_checkpoint
 from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
+from verispec.models.protocol import Model, check_model
 from verispec.vocab import VocabBridge
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,6 @@ DEFAULT_TARGET_NAME = "smollm2"
 Backend = Literal["auto", "native", "hf"]
 BACKENDS: tuple[str, ...] = ("auto", "native", "hf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-Model = Union[LlamaForCausalLM, CompressedForCausalLM, HFModel]
 
 
 @dataclass
@@ -90,7 +90,7 @@ def resolve_draft_vocab(pair: "ModelPair", value: str | int | None) -> int | Non
     if value is None or value == "all":
         return None
     if value == "auto":  # a shipped draft, loaded natively (the transformers adapter scores every id)
-        if not isinstance(pair.draft, LlamaForCausalLM):
+        if pair.draft is None or not pair.draft.capabilities.vocab_limit:
             return None
         embedded = pair.draft_dir is not None and Path(pair.draft_dir).resolve() == DEFAULT_DRAFT.resolve()
         return EMBEDDED_DRAFT_VOCAB if embedded else draft_vocab_of(pair)
@@ -117,7 +117,14 @@ def resolve_device(device: str) -> str:
 
 def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto") -> Model:
     """The native model for Llama/Qwen2/Mistral checkpoints, the transformers adapter for any other
-    causal LM. backend: "native" or "hf" forces one ("hf" on a Llama checkpoint gives the peer baseline)."""
+    causal LM. backend: "native" or "hf" forces one ("hf" on a Llama checkpoint gives the peer baseline).
+    The result is checked against the ``Model`` protocol."""
+    model = _load_model(path, device, backend)
+    check_model(model)
+    return model
+
+
+def _load_model(path: str | Path, device: str, backend: Backend) -> Model:
     if backend not in BACKENDS:
         raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if _is_gguf(path):
@@ -247,7 +254,7 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
                      bridge=bridge if with_draft else None)
     if need_eagle:
         pair.eagle_dir = resolve_eagle(target_name, eagle_dir)
-        if not isinstance(target, LlamaForCausalLM):
+        if not target.capabilities.features:
             raise CheckpointError("--method eagle drafts from the target's features, which needs the native "
                                   "Llama-family backend (a GGUF file or an HF checkpoint loaded natively)")
         pair.eagle = load_eagle(pair.eagle_dir, target)
@@ -403,26 +410,43 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
 
 
 def _check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
-    """Refuse up front what a transformers-adapter model cannot do (before any request runs)."""
+    """Refuse up front, from the models' declared ``Capabilities``, a method they cannot run (before any
+    request runs)."""
     if not spec.enabled:
         return
-    if isinstance(pair.target, CompressedForCausalLM) and spec.drafter == "early_exit":
-        raise CheckpointError("self-speculation (early exit) is not implemented for the compressed-attention "
-                              "model; use --method chain or tree with a draft model, or --method ngram")
-    dynamic_draft = spec.method == "tree" and spec.drafter == "model" and spec.tree_shape.dynamic
-    if isinstance(pair.draft, CompressedForCausalLM) and dynamic_draft:
-        raise CheckpointError("dynamic trees feed tree levels through the draft, which a compressed-attention "
-                              "draft cannot do; use a static shape such as --tree s3_k2_d6")
-    if spec.drafter == "early_exit" and isinstance(pair.target, HFModel):
-        raise CheckpointError(f"self-speculation (early exit) needs the native backend; the target "
-                              f"{pair.target.name!r} is loaded through transformers")
-    if spec.method == "tree" and isinstance(pair.target, HFModel):
-        pair.target.check_trees()
-    if spec.drafter == "model" and spec.draft_vocab is not None and not isinstance(pair.draft, LlamaForCausalLM):
+    target = pair.target.capabilities
+    draft = pair.draft.capabilities if pair.draft is not None else None
+    if spec.drafter == "early_exit" and not target.early_exit:
+        raise CheckpointError(f"self-speculation (early exit) needs a target that runs its first layers alone (the "
+                              f"native Llama-family model); {describe(pair.target)} cannot: use --method chain or "
+                              "tree with a draft model, or --method ngram")
+    if spec.method == "tree" and not target.trees:
+        raise CheckpointError(f"{describe(pair.target)} cannot verify trees{_why_not_trees(pair.target)}; "
+                              "use --method chain")
+    if spec.drafter != "model" or draft is None:
+        return
+    if spec.method == "tree" and spec.tree_shape.dynamic and not draft.staged_trees:
+        raise CheckpointError(f"dynamic trees feed tree levels through the draft, which {describe(pair.draft)} "
+                              "cannot do; use a static shape such as --tree s3_k2_d6")
+    if spec.method == "tree" and not draft.trees:
+        raise CheckpointError(f"{describe(pair.draft)} cannot draft trees{_why_not_trees(pair.draft)}; "
+                              "use --method chain")
+    if spec.draft_vocab is not None and not draft.vocab_limit:
         raise CheckpointError("--draft-vocab needs the native Llama-family draft model; pass --draft-vocab all")
-    dynamic_tree = spec.method == "tree" and spec.drafter == "model" and spec.tree_shape.dynamic
-    if dynamic_tree and isinstance(pair.draft, HFModel):
-        pair.draft.check_trees()  # dynamic trees feed whole levels through the draft with a tree mask
+
+
+def describe(model: Model) -> str:
+    """How errors name a model: its kind, and for a transformers model its architecture."""
+    if isinstance(model, HFModel):
+        return f"the model {model.name!r} (loaded through transformers)"
+    if isinstance(model, CompressedForCausalLM):
+        return "the compressed-attention model"
+    return f"the {type(model).__name__} model"
+
+
+def _why_not_trees(model: Model) -> str:
+    reason = getattr(model, "tree_problem", None)
+    return f" ({reason})" if reason else ""
 
 
 def _model_type(path: Path) -> str | None:

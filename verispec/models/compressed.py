@@ -42,6 +42,7 @@ from torch import nn
 from verispec.errors import CheckpointError, ContextError
 from verispec.kernels import accelerate
 from verispec.models.llama import MLP, RMSNorm, load_state
+from verispec.models.protocol import Capabilities
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
 MODEL_TYPE = "verispec_compressed"
@@ -335,6 +336,7 @@ class CompressedForCausalLM(nn.Module):
     causal chain by default or a tree through ``tree_mask`` (T, T) and ``depths`` (T,)."""
 
     batched_cache = False  # new_cache holds one sequence; batch scoring goes through train_forward
+    capabilities = Capabilities(trees=True)
 
     def __init__(self, config: CompressedConfig, scratch_pads: bool = True):
         super().__init__()

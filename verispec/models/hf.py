@@ -31,6 +31,7 @@ import torch
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError, VerispecError
 from verispec.models.llama import _attention_mask
+from verispec.models.protocol import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,12 @@ class HFModel:
         logits = self.model(input_ids=tokens, **kwargs).logits
         return logits[:, -1:] if last_only else logits
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """Trees (verified, and drafted level by level) where the model honours a 4-D mask and position
+        ids (probed once: ``supports_trees``); nothing the native model's internals give."""
+        return Capabilities(trees=self.supports_trees, staged_trees=self.supports_trees)
+
     # ---- tree support ------------------------------------------------------------------------------
 
     @property
@@ -211,6 +218,11 @@ class HFModel:
             self._tree_problem = self._probe_trees()
             self._tree_probed = True
         return self._tree_problem is None
+
+    @property
+    def tree_problem(self) -> str | None:
+        """Why this model cannot verify trees, or None (probed once)."""
+        return None if self.supports_trees else self._tree_problem
 
     def check_trees(self) -> None:
         """Raise a VerispecError if this model cannot verify (or draft) trees."""

@@ -26,6 +26,7 @@ from verispec import kernels
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError
 from verispec.kernels import accelerate, joined_projection, projections
+from verispec.models.protocol import Capabilities
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -253,6 +254,9 @@ class Backbone(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """The model; see the module docstring for the inference contract."""
+
+    capabilities = Capabilities(trees=True, staged_trees=True, early_exit=True, features=True, vocab_limit=True,
+                                batching=True)
 
     def __init__(self, config: LlamaConfig):
         super().__init__()

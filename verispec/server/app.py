@@ -40,7 +40,6 @@ from verispec.batch import BatchEngine, BatchEvent
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.loading import DEFAULT_TARGET, ModelPair
-from verispec.models.llama import LlamaForCausalLM
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.logprobs import LogprobReport, TokenStrings
@@ -98,7 +97,7 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
             profiler.seed_policy(policy, profile)
         except (ValueError, KeyError) as err:
             raise VerispecError(f"--profile cannot seed the policy: {err}") from None
-    if not all(isinstance(m, LlamaForCausalLM) for m in (pair.target, pair.draft) if m is not None):
+    if not all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
         raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
                             "transformers adapter (--backend hf, other architectures) and the compressed-attention "
                             "model decode one request at a time: use verispec generate")
