@@ -17,36 +17,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from verispec.bench.serving import launched_server
+
 PROMPTS = Path(__file__).resolve().parent.parent / "verispec" / "data" / "heldout_prompts.json"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def command(setup: str, port: int, serve_args: list[str]) -> list[str]:
+def serve_args_for(setup: str, serve_args: list[str]) -> list[str]:
     kind, *numbers = setup.split(":")
-    base = [sys.executable, "-m", "verispec.cli", "serve", "--port", str(port), *serve_args]
     if kind == "one" and len(numbers) == 1:
-        return [*base, "--threads", numbers[0]]
+        return [*serve_args, "--threads", numbers[0]]
     if kind == "ray" and len(numbers) in (1, 2):
         threads = ["--threads", numbers[1]] if len(numbers) == 2 else []
-        return [*base, "--ray", "--ray-address", "local", "--replicas", numbers[0], *threads]
+        return [*serve_args, "--ray", "--ray-address", "local", "--replicas", numbers[0], *threads]
     raise SystemExit(f"ray_replicas.py: error: a setup is one:T, ray:N or ray:N:T, got {setup!r}")
 
 
@@ -57,28 +46,9 @@ def post(url: str, body: dict) -> tuple[dict, str]:
         return json.loads(response.read()), response.headers.get("X-Verispec-Replica", "")
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"ray_replicas.py: error: the server exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.5)
-    raise SystemExit("ray_replicas.py: error: the server did not become healthy")
-
-
 def run_setup(setup: str, args, prompts: list[str]) -> dict:
-    port = free_port()
-    proc = subprocess.Popen(command(setup, port, shlex.split(args.serve_args)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
+    with launched_server(serve_args_for(setup, shlex.split(args.serve_args)), ready_timeout_s=300,
+                         env={"OMP_NUM_THREADS": "1"}) as url:
 
         def one(prompt: str):
             reply, replica = post(f"{url}/v1/completions", {"prompt": prompt, "max_tokens": args.max_tokens,
@@ -96,12 +66,6 @@ def run_setup(setup: str, args, prompts: list[str]) -> dict:
                 replicas.update(replica.split(" host=")[0] for _, _, replica in results if replica)
         return {"setup": setup, "tok_s": statistics.median(rates), "rounds": rates, "replicas": len(replicas),
                 "texts": texts}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from verispec import costmodel
 from verispec.adaptive import CycleGamma, FixedGamma
 from verispec.config import SamplingParams, SpecConfig, StopRules, TreeShape
 from verispec.drafters.base import head_args
+from verispec.errors import VerispecError
 from verispec.models.llama import LlamaForCausalLM
 from verispec.tree import TokenTree
 
@@ -409,6 +410,17 @@ def load(path: str | Path) -> dict:
     if not isinstance(data, dict) or "verify_ms" not in data:
         raise ValueError("not a verispec profile (no verify_ms)")
     return data
+
+
+def load_option(path: str | None) -> dict | None:
+    """The profile a command-line option names (None when not given); a one-line ``VerispecError`` for a
+    file that cannot be read or is not a profile."""
+    if not path:
+        return None
+    try:
+        return load(path)
+    except (OSError, ValueError) as err:
+        raise VerispecError(f"cannot read profile {path!r}: {err}") from None
 
 
 def save(profile_data: dict, path: str | Path) -> None:

@@ -141,14 +141,9 @@ def run_serve(args: argparse.Namespace) -> int:
                      cross_vocab=False)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
-    profile = None
-    if args.profile:
-        from verispec import profile as profiler
+    from verispec import profile as profiler
 
-        try:
-            profile = profiler.load(args.profile)
-        except (OSError, ValueError) as err:
-            raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
+    profile = profiler.load_option(args.profile)
     app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile,
                      trace_rounds=args.trace_rounds)
     freeze_long_lived_objects()

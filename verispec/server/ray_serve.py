@@ -157,14 +157,9 @@ def _absolute(path: str | None, names: tuple[str, ...] = ()) -> str | None:
 def replica_options(args: argparse.Namespace, spec: SpecConfig, config: ServerConfig, threads: int) -> ReplicaOptions:
     from verispec.loading import TARGET_NAMES
 
-    profile = None
-    if args.profile:
-        from verispec import profile as profiler
+    from verispec import profile as profiler
 
-        try:
-            profile = profiler.load(args.profile)
-        except (OSError, ValueError) as err:
-            raise VerispecError(f"cannot read profile {args.profile!r}: {err}") from None
+    profile = profiler.load_option(args.profile)
     return ReplicaOptions(target=_absolute(args.target, TARGET_NAMES), draft=_absolute(args.draft, ("tiny",)),
                           device=args.device, backend=args.backend, draft_weights=args.draft_weights,
                           draft_vocab=args.draft_vocab, eagle=_absolute(args.eagle), spec=spec, config=config,
