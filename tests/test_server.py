@@ -524,6 +524,10 @@ def test_serve_command_errors(capsys, tmp_path, byte_pair):
     assert "native model" in capsys.readouterr().err
     assert main(["serve", "--target", str(target), "--draft", str(draft), "--profile", "p.json"]) == 2
     assert "add --adaptive" in capsys.readouterr().err
+    for grace in ("-1", "nan", "inf"):
+        assert main(["serve", "--target", str(target), "--draft", str(draft), "--shutdown-grace", grace]) == 2
+        err = capsys.readouterr().err
+        assert "--shutdown-grace must be a finite number of seconds >= 0" in err and err.count("\n") == 1
     assert main(["serve", "--target", str(target), "--draft", str(draft), "--adaptive", "--profile",
                  str(tmp_path / "missing.json")]) == 2
     assert "cannot read profile" in capsys.readouterr().err
@@ -561,6 +565,78 @@ def test_serve_subprocess_answers_and_shuts_down_on_a_signal(byte_pair, stop_sig
             proc.kill()
             raise
     assert code == 0, proc.stderr.read()
+
+
+def test_sigterm_drains_a_serve_subprocess_within_its_grace():
+    """SIGTERM with one stream running and seven queued behind it (one batch row, 1,000 tokens each: far
+    more work than the 1.5 s grace on any CPU): while it drains, /health and new requests answer 503;
+    every accepted request ends with something its client sees (a stream: a final chunk with a
+    finish_reason or an error object, then ``[DONE]``; a request still queued: a 503 body), never a cut
+    connection; the process exits 0."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--target", "tiny", "--max-batch", "1",
+                             "--shutdown-grace", "1.5", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    streams, outcomes, first_chunk = 8, {}, threading.Event()
+
+    def stream(index: int) -> None:
+        body = json.dumps({"prompt": f"stream {index}", "max_tokens": 1000, "temperature": 0, "stream": True,
+                           "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                events = []
+                for line in response:
+                    if line.startswith(b"data: "):
+                        events.append(line[6:].strip().decode())
+                        first_chunk.set()
+                outcomes[index] = (response.status, events)
+        except urllib.error.HTTPError as err:
+            outcomes[index] = (err.code, json.loads(err.read()))
+        except OSError as err:  # a cut connection: what the server must never do
+            outcomes[index] = ("cut", repr(err))
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
+    try:
+        assert until(lambda: _health(url) == 200 or proc.poll() is not None, timeout=60), "no /health"
+        assert proc.poll() is None, proc.stderr.read()
+        for thread in threads:
+            thread.start()
+        assert first_chunk.wait(30), "no stream started"
+        assert until(lambda: sample(http(f"{url}/metrics")[2], "verispec:num_requests_waiting") == streams - 1)
+        proc.send_signal(signal.SIGTERM)
+        assert until(lambda: _health(url) == 503, timeout=5), "not draining"
+        status, _, text = http(f"{url}/v1/completions", {"prompt": "late", "max_tokens": 4})
+        assert status == 503 and json.loads(text)["error"]["code"] == "unavailable"
+        for thread in threads:
+            thread.join(60)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0, proc.stderr.read()
+    assert sorted(outcomes) == list(range(streams))
+    ended_by_shutdown = 0
+    for status, answer in outcomes.values():
+        if status == 503:  # still queued when the grace ran out
+            assert answer["error"]["code"] == "shutting_down"
+            ended_by_shutdown += 1
+            continue
+        assert status == 200, answer
+        assert answer[-1] == "[DONE]"
+        final = json.loads(answer[-2])
+        if "error" in final:
+            assert final["error"]["code"] == "shutting_down"
+            ended_by_shutdown += 1
+        else:
+            assert final["choices"][0]["finish_reason"] == "length"
+    assert ended_by_shutdown >= 1  # the grace was enforced, not outlasted
 
 
 def _health(url: str) -> int | None:
