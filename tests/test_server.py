@@ -477,11 +477,15 @@ def test_malformed_json_and_bad_routes(live):
 # ---- the OpenAPI schema, fuzzed ------------------------------------------------------------------------------
 
 
+SCHEMATHESIS_EXAMPLES = int(os.environ.get("VERISPEC_SCHEMATHESIS_EXAMPLES", "40"))  # more: a longer fuzz run
+
+
 def test_schemathesis_finds_no_server_error(tmp_path):
     """Random (valid and invalid) requests from the app's own OpenAPI schema never get a 5xx. A model with
     a 64-token context keeps every generated request short."""
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, given, settings
+    from schemathesis import checks
 
     small = tmp_path / "small"
     make_checkpoint(small, make_byte_tokenizer(small), hidden=32, layers=1, heads=2, kv_heads=1, seed=3,
@@ -494,13 +498,17 @@ def test_schemathesis_finds_no_server_error(tmp_path):
             schema.as_strategy(schemathesis.GenerationMode.NEGATIVE)
         statuses = []
 
-        @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+        conformance = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
+                       checks.response_schema_conformance]
+
+        @settings(max_examples=SCHEMATHESIS_EXAMPLES, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
         @given(case=strategy)
         def check(case):
             response = case.call(base_url=live.url, timeout=30)
             statuses.append(response.status_code)
             assert response.status_code < 500, (case.path, case.body, response.text[:500])
+            case.validate_response(response, checks=conformance)  # documented status, type and body
 
         check()
         assert any(s == 200 for s in statuses) and any(s == 400 for s in statuses)

@@ -135,21 +135,21 @@ def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerC
     _add_error_handlers(app)
     _add_guard(app, config)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=schemas.REQUEST_RESPONSES)
     async def completions(body: CompletionRequest, request: Request):
         return await service.serve(builder.completion(body), request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=schemas.REQUEST_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await service.serve(builder.chat(body), request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=schemas.AUTH_RESPONSES)
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": service.started,
                                             "owned_by": "verispec", "root": str(pair.target_dir),
                                             "max_model_len": engine.max_len}]}
 
-    @app.get("/health")
+    @app.get("/health", responses=schemas.HEALTH_RESPONSES)
     async def health():
         if scheduler.accepting:
             return {"status": "ok"}
@@ -159,11 +159,29 @@ def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerC
             return JSONResponse({"status": "unhealthy", "error": detail}, status_code=503)
         return JSONResponse({"status": "shutting_down"}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=schemas.METRICS_RESPONSES, response_class=Response)
     async def prometheus_metrics():
         return Response(metrics.exposition(), media_type=metrics.content_type)
 
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema without its 422 validation responses: this server answers a bad request with
+    400 and OpenAI's error body (documented per route)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        spec = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        for operations in spec.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        schemas_section = spec.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas_section.pop(name, None)
+        app.openapi_schema = spec
+    return app.openapi_schema
 
 
 class _Service:

@@ -48,6 +48,45 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, for every status the server answers with an error."""
+
+    error: ErrorDetail
+
+
+def _error(description: str) -> dict:
+    return {"model": ErrorResponse, "description": description}
+
+
+# The statuses each kind of route can answer besides 200, as documented in the OpenAPI schema.
+AUTH_RESPONSES = {401: _error("the API key is missing or wrong (--api-key)")}
+REQUEST_RESPONSES = {
+    200: {"description": "the completion: a JSON object, or with stream: true server-sent events",
+          "content": {"application/json": {}, "text/event-stream": {}}},
+    400: _error("the request is invalid: malformed JSON, a wrong type or value, an unsupported field"),
+    **AUTH_RESPONSES,
+    413: _error("the body is larger than --max-body-bytes"),
+    429: {**_error("the queue is full; retry after the Retry-After header's seconds"),
+          "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
+    500: _error("the engine failed while decoding this request"),
+    503: _error("the server is shutting down or its engine stopped"),
+    504: _error("the request ran past --timeout"),
+}
+METRICS_RESPONSES = {200: {"description": "Prometheus text exposition",
+                           "content": {"text/plain": {"schema": {"type": "string"}}}}, **AUTH_RESPONSES}
+HEALTH_RESPONSES = {503: {"description": "shutting down, or the engine is not running",
+                          "content": {"application/json": {"schema": {
+                              "type": "object", "required": ["status"],
+                              "properties": {"status": {"type": "string"}, "error": {"type": "string"}}}}}}}
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
