@@ -150,8 +150,7 @@ def test_smollm2_equals_transformers_greedy():
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
                                          add_generation_prompt=True, tokenize=True, return_dict=False)
     assert tokenizer.decode(chat).startswith("<|im_start|>system\n")
-    prompts = [list(chat), tokenizer.encode("def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n",
-                                            add_special_tokens=False)]
+    prompts = [list(chat)]  # one prompt: loading transformers' reference is most of this test's time
     from verispec.config import SamplingParams, SpecConfig, StopRules
     from verispec.loading import build_engine
 

@@ -86,14 +86,14 @@ def test_the_embedded_draft_drafts_for_smollm2_across_tokenizers(pair, prompts, 
 
 def test_a_short_audit_of_the_shipped_default_passes(pair):
     """The default pair as served (int8 draft, its 8,192-token draft vocabulary) at t=1: a small audit
-    (2 draft positions) on a 3-token prompt, so a gross loss of exactness in the shipped configuration
+    (150 samples, 2 draft positions) on a 3-token prompt, so a gross loss of exactness in the shipped configuration
     fails CI."""
     from verispec.audit import AuditConfig, run_audit
 
     spec = SpecConfig(gamma=4, draft_vocab=resolve_draft_vocab(pair, "auto"))
     prompt = encode_prompt(pair.tokenizer, "The sea is", chat=False)
     report = run_audit(build_engine(pair, spec), [prompt], SamplingParams(temperature=1.0), spec,
-                       AuditConfig(tokens=4, samples=200, seed=0))
+                       AuditConfig(tokens=4, samples=150, seed=0))
     assert report.passed, report.as_dict()
     assert report.prompts[0].drafted > 0 and report.prompts[0].accepted > 0
 
