@@ -100,7 +100,7 @@ def to_conversation(record: dict) -> Conversation | None:
 
 def ascii_fraction(text: str) -> float:
     """Share of characters below 128: ``ascii_fraction("héllo") == 0.8``."""
-    return sum(ch < "\x80" for ch in text) / max(len(text), 1)
+    return len(text.encode("ascii", "ignore")) / max(len(text), 1)  # the characters below 128, counted in C
 
 
 def read_conversations(min_ascii_fraction: float = 0.9) -> tuple[list[Conversation], dict]:
