@@ -331,3 +331,20 @@ def test_compressed_checkpoint_config_that_does_not_fit_is_one_line(capsys, tmp_
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     code, _, err = run_to_exit(capsys, "generate", "hi", "--target", str(tmp_path), "--no-spec", "--max-tokens", "2")
     assert one_line_error(code, err, message), err
+
+
+def test_one_spelling_for_the_adaptive_policy_in_generate_and_serve():
+    """generate takes serve's --adaptive and serve takes generate's --gamma-policy adaptive."""
+    from verispec.cli import build_parser
+    from verispec.options import spec_from_args
+    from verispec.server.cli import config_from_args
+
+    parser = build_parser()
+    assert spec_from_args(parser.parse_args(["generate", "x", "--adaptive"])).gamma_policy == "adaptive"
+    assert spec_from_args(parser.parse_args(["generate", "x"])).gamma_policy == "fixed"
+    served = parser.parse_args(["serve", "--gamma-policy", "adaptive"])
+    config_from_args(served)
+    assert served.adaptive
+    plain = parser.parse_args(["serve", "--gamma-policy", "fixed"])
+    config_from_args(plain)
+    assert not plain.adaptive

@@ -41,6 +41,7 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                              "round times and acceptance, the depth following the request's runs (+2 after a "
                              "fully accepted round, -1 otherwise, up to --gamma); hf: transformers' +2 if all "
                              "accepted / -1 otherwise")
+    parser.add_argument("--adaptive", action="store_true", help="the same as --gamma-policy adaptive (serve's spelling)")
     parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
                              f"root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default {DEFAULTS.tree}")
@@ -74,7 +75,8 @@ def spec_from_args(args):
     if args.no_spec:
         return SpecConfig(method="none")
     shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram", "eagle") and args.tree) else "chain"
-    return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=args.gamma_policy,
+    policy = "adaptive" if getattr(args, "adaptive", False) else args.gamma_policy
+    return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=policy,
                       tree=args.tree or DEFAULTS.tree, sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit", "eagle": "eagle"}.get(args.method, "model"),
                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)

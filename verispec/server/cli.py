@@ -48,6 +48,8 @@ def add_parser(commands) -> None:
                             "batch is large; the draft catches up on what it missed only where that pays. "
                             "A lone request's depth follows its runs (+2 after a fully accepted round, -1 "
                             "otherwise, up to --gamma)")
+    serve.add_argument("--gamma-policy", choices=("fixed", "adaptive"), default=None,
+                       help="generate's spelling: adaptive is --adaptive, fixed (the default) always --gamma")
     from verispec.options import add_draft_options
 
     add_draft_options(serve)
@@ -98,6 +100,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if not 0 <= args.shutdown_grace < float("inf"):
         raise VerispecError(f"--shutdown-grace must be a finite number of seconds >= 0, got {args.shutdown_grace}")
+    if args.gamma_policy == "adaptive":
+        args.adaptive = True
     if args.profile and not args.adaptive:
         raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
     if args.no_spec:
