@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from verispec.errors import VerispecError
-from verispec.options import (OneLineArgumentParser, add_spec_options, add_draft_options, spec_from_args,
-                              eagle_args, add_threads_option, apply_threads, add_model_options,
+from verispec.options import (DEFAULTS, OneLineArgumentParser, add_spec_options, add_draft_options,
+                              spec_from_args, eagle_args, add_threads_option, apply_threads, add_model_options,
                               add_sampling_options, add_grammar_options, grammar_from_args, read_text_file,
                               guided, sampling_from_args)
 
@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated, each compared with plain decoding: chain, tree (the draft model), "
                            "eagle, eagle-tree (the EAGLE head: chain, dynamic:8 tree), ngram, self "
                            "(default chain,tree,eagle,ngram)")
-    demo.add_argument("--gamma", type=int, default=4, help="drafts per round of chain, ngram and self (default 4)")
-    demo.add_argument("--tree", default="s3_k2_d6", help="tree shape for the tree method (default s3_k2_d6)")
+    demo.add_argument("--gamma", type=int, default=DEFAULTS.gamma,
+                      help=f"drafts per round of chain, ngram and self (default {DEFAULTS.gamma})")
+    demo.add_argument("--tree", default=DEFAULTS.tree, help=f"tree shape for the tree method (default {DEFAULTS.tree})")
     demo.add_argument("--exit-layer", type=int, default=3, help="self: layers that draft (default 3)")
     demo.add_argument("--threads", type=int, default=1,
                       help="torch CPU threads (default 1: on a small CPU, two threads competing with any other "
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     rates.add_argument("--alpha", type=float, help="iid per-position acceptance probability")
     rates.add_argument("--acceptance", help="comma-separated conditional acceptance per draft position "
                                             "(measured; the last value repeats)")
-    plan.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    plan.add_argument("--gamma", type=int, default=DEFAULTS.gamma, help=f"drafts per round (default {DEFAULTS.gamma})")
     plan.add_argument("--profile", metavar="FILE",
                       help="use measured costs (and calibrated acceptance) from 'verispec profile'")
     plan.add_argument("--draft-ms", type=float, help="draft cost per proposed token")

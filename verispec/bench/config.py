@@ -79,10 +79,10 @@ class SpecSettings:
                                  "hf", "hf_assisted", "hf_prompt_lookup")
     baseline: str = "off"
     budget: int = 5  # matched verification budget D: verified nodes per round, the root included
-    sibling_mode: str = "deterministic"
-    exit_layer: int = 2
-    ngram_max: int = 4
-    ngram_min: int = 1
+    sibling_mode: str = SpecConfig.sibling_mode
+    exit_layer: int = SpecConfig.exit_layer
+    ngram_max: int = SpecConfig.ngram_max
+    ngram_min: int = SpecConfig.ngram_min
     draft_vocab: str | int = "auto"  # draft-model variants: ids the draft proposes (verispec generate --draft-vocab)
     draft_weights: str = "int8"  # the draft model's weights in offline runs: int8 or native (--draft-weights)
     hf_assistant_schedule: str = "constant"  # transformers' num_assistant_tokens_schedule
