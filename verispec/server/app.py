@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import signal
@@ -77,6 +78,24 @@ def default_model_name(pair: ModelPair) -> str:
     if pair.target_dir.resolve() == DEFAULT_TARGET.resolve():
         return "verispec-default"
     return pair.target_dir.stem if pair.target_dir.suffix.lower() == ".gguf" else pair.target_dir.name
+
+
+def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backend: str = "auto",
+                     draft_weights: str = "int8", draft_vocab: str | int | None = "auto",
+                     eagle: str | None = None) -> tuple[ModelPair, SpecConfig]:
+    """The pair a server runs and the spec it runs it with, as ``serve`` and each Ray replica load them: a
+    draft model only for the draft-model method (its draft vocabulary resolved), the EAGLE head for
+    ``eagle``, and a draft with the target's tokenizer (a cross-tokenizer draft is refused)."""
+    from verispec.loading import check_model_args, load_pair, resolve_draft_vocab
+
+    needs_draft = spec.enabled and spec.drafter == "model"
+    check_model_args(target, draft, needs_draft)
+    pair = load_pair(target, draft, device=device, need_draft=needs_draft, backend=backend,
+                     draft_weights=draft_weights, need_eagle=spec.enabled and spec.drafter == "eagle",
+                     eagle_dir=eagle, cross_vocab=False)
+    if needs_draft:
+        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, draft_vocab))
+    return pair, spec
 
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
 from verispec.config import SpecConfig
@@ -132,19 +131,13 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from verispec.server.app import GracefulServer, create_app
+        from verispec.server.app import GracefulServer, create_app, load_served_pair
     except ImportError as err:
         raise VerispecError(f"serving needs the 'server' extra ({err}); pip install 'verispec[server]'") from None
-    from verispec.loading import check_model_args, freeze_long_lived_objects, load_pair, resolve_draft_vocab
+    from verispec.loading import freeze_long_lived_objects
 
-    needs_draft = spec.enabled and spec.drafter == "model"
-    check_model_args(args.target, args.draft, needs_draft)
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
-                     backend=args.backend, draft_weights=args.draft_weights,
-                     need_eagle=spec.enabled and spec.drafter == "eagle", eagle_dir=args.eagle,
-                     cross_vocab=False)
-    if needs_draft:
-        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))
+    pair, spec = load_served_pair(args.target, args.draft, spec, device=args.device, backend=args.backend,
+                                  draft_weights=args.draft_weights, draft_vocab=args.draft_vocab, eagle=args.eagle)
     from verispec import profile as profiler
 
     profile = profiler.load_option(args.profile)

@@ -18,7 +18,6 @@ Serve too, unless this application was its last one).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -204,19 +203,13 @@ def build_replica_app(options: ReplicaOptions):
     around it, the replica header outermost."""
     import torch
 
-    from verispec.loading import check_model_args, freeze_long_lived_objects, load_pair, resolve_draft_vocab
-    from verispec.server.app import create_app
+    from verispec.loading import freeze_long_lived_objects
+    from verispec.server.app import create_app, load_served_pair
 
     torch.set_num_threads(options.threads)
-    spec = options.spec
-    needs_draft = spec.enabled and spec.drafter == "model"
-    check_model_args(options.target, options.draft, needs_draft)
-    pair = load_pair(options.target, options.draft, device=options.device, need_draft=needs_draft,
-                     backend=options.backend, draft_weights=options.draft_weights,
-                     need_eagle=spec.enabled and spec.drafter == "eagle", eagle_dir=options.eagle,
-                     cross_vocab=False)
-    if needs_draft:
-        spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, options.draft_vocab))
+    pair, spec = load_served_pair(options.target, options.draft, options.spec, device=options.device,
+                                  backend=options.backend, draft_weights=options.draft_weights,
+                                  draft_vocab=options.draft_vocab, eagle=options.eagle)
     app = create_app(pair, spec, options.config, adaptive=options.adaptive, model_name=options.model_name,
                      profile=options.profile)
     app.add_middleware(ReplicaHeader, label=replica_label())
