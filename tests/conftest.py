@@ -43,16 +43,22 @@ def byte_pair(tmp_path_factory):
     return target, draft
 
 
-@pytest.fixture(params=["amx", "avx2"])
+@pytest.fixture(params=["amx", "avx512", "avx2"])
 def kernel_path(request, monkeypatch):
-    """Both multiply paths of the kernel for bf16 weights where this CPU has AMX: tiles ("amx") and the
-    AVX2 loop ("avx2", as on CPUs without AMX). Weights are packed for the path when a model is
-    accelerated, so build the model inside the test. Without AMX the "amx" case is skipped, with why."""
+    """Each multiply path of the kernel this CPU has: AMX tiles for bf16 weights ("amx"), the AVX-512
+    loop ("avx512", AMX off) and the AVX2 loop ("avx2", both off, as on CPUs with neither). Weights are
+    packed for the path when a model is accelerated, so build the model inside the test. A path this
+    CPU lacks is skipped, with why."""
     from verispec import kernels
 
     if request.param == "amx" and not kernels.amx():
         pytest.skip(f"no AMX path here ({kernels._amx_reason or 'kernel unavailable'})")
-    if request.param == "avx2":
+    if request.param == "avx512" and not kernels.avx512():
+        pytest.skip(f"no AVX-512 path here ({kernels._avx512_reason or 'kernel unavailable'})")
+    if request.param != "amx":
         monkeypatch.setattr(kernels, "_amx_reason", "turned off by the test")
+    if request.param == "avx2" and kernels.avx512():
+        kernels.set_avx512(False)
+        request.addfinalizer(lambda: kernels.set_avx512(True))
     return request.param
 

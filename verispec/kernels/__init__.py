@@ -1,5 +1,5 @@
-"""Native few-row linear kernel for CPU inference (AVX2 + FMA, and AMX tiles where the CPU has
-AMX-BF16), built on first use.
+"""Native few-row linear kernel for CPU inference (AVX2 + FMA; AVX-512 where the CPU has F/BW/VL/DQ;
+AMX tiles where it has AMX-BF16), built on first use.
 
 Decoding multiplies 1 row by every weight matrix and verification K + 1 rows. On AVX2 machines torch's
 GEMM costs about twice as much for 8 rows as for 1 although the weights, the dominant memory traffic,
@@ -11,7 +11,8 @@ products are the same numbers at half the traffic).
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
     status(model)          # "on (57 linear layers, 57 with bf16 weights (...), <= 16 rows; whole decoder
-                           #  layers <= 64 rows; avx2: fp32, bf16, int8, Q4_1, Q8_0; AMX off: ...)" or why not
+                           #  layers <= 64 rows; avx512: fp32, bf16, int8, Q4_1, Q8_0 (K % 16 == 0, else
+                           #  avx2); AMX off: ...)" or why not
 
 The kernel sums every output in the same order whatever the number of rows, so a row's projection is
 bit-identical whether it is decoded alone or verified with others. It is compiled with the system C
@@ -27,6 +28,12 @@ weight holds those rows' dequantized values, before ``accelerate``, gets the fil
 directly (``_pack_blocks``): exactly the dequantized values, at 4.5 or 8.5 bits a weight read.
 Self-check: loading runs one small product per weight path against float64 (``_self_check``); a path
 that disagrees is not packed for (fp32: the library stays off), and ``status()`` says so.
+
+AVX-512: on CPUs with AVX-512 F/BW/VL/DQ the same formats go through a 16-lane loop (``avx512()``;
+products of K % 16 == 0, other widths the AVX2 loop), checked at load like the others: a failing
+self-check turns it off (the AVX2 loop is then checked alone), as does VERISPEC_AVX512=0; ``status()``
+names the loop in use. Each loop keeps rows independent; the two sum in different orders, so their
+bits differ by rounding (one process uses one loop for every pass unless ``set_avx512`` switches it).
 
 AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the tile state per process)
 bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patterns, see
@@ -81,6 +88,8 @@ INT8_ROWS = 4
 
 _reason = "not built yet"
 _amx_reason = "not built yet"
+_avx512_reason = "not built yet"  # "" when the AVX-512 loop multiplies (``avx512``)
+AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 _failed: dict[str, str] = {}  # weight path (Format.name) -> why the load-time self-check turned it off
 
 
@@ -164,12 +173,15 @@ def library() -> ctypes.CDLL | None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
                 built = Path(scratch) / target.name
-                try:
-                    subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], check=True,
-                                   capture_output=True, timeout=120)
-                except subprocess.CalledProcessError:  # a compiler without AMX intrinsics: AVX2 only
-                    subprocess.run([compiler, *FLAGS, "-DVERISPEC_NO_AMX", "-o", str(built), str(SOURCE)],
-                                   check=True, capture_output=True, timeout=120)
+                # A compiler without AMX (then also AVX-512) intrinsics builds without those paths.
+                for fewer in ([], ["-DVERISPEC_NO_AMX"], ["-DVERISPEC_NO_AMX", "-DVERISPEC_NO_AVX512"]):
+                    try:
+                        subprocess.run([compiler, *FLAGS, *fewer, "-o", str(built), str(SOURCE)], check=True,
+                                       capture_output=True, timeout=120)
+                        break
+                    except subprocess.CalledProcessError:
+                        if "-DVERISPEC_NO_AVX512" in fewer:
+                            raise
                 os.replace(built, target)  # atomic: concurrent builders each install a whole file
         except (OSError, subprocess.SubprocessError) as error:
             detail = getattr(error, "stderr", b"") or b""
@@ -189,6 +201,10 @@ def library() -> ctypes.CDLL | None:
     lib.pack_amx.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
     lib.amx_init.restype = ctypes.c_int
     lib.amx_init.argtypes = []
+    lib.set_avx512.restype = ctypes.c_int
+    lib.set_avx512.argtypes = [ctypes.c_int]
+    lib.avx512_on.restype = ctypes.c_int
+    lib.avx512_on.argtypes = []
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
     lib.decoder_layer.restype = ctypes.c_int
@@ -215,7 +231,21 @@ def library() -> ctypes.CDLL | None:
         _amx_reason = "AMX not built (compiler) or not granted by the OS"
     else:
         _amx_reason = ""
+    global _avx512_reason
+    lib.set_avx512(0)  # a library loaded before keeps its switch across library.cache_clear()
+    if os.environ.get("VERISPEC_AVX512", "1") == "0":
+        _avx512_reason = "disabled by VERISPEC_AVX512=0"
+    elif not AVX512_FLAGS <= _cpu_flags():
+        _avx512_reason = "no AVX-512 F/BW/VL/DQ on this CPU"
+    elif not lib.set_avx512(1):
+        _avx512_reason = "not built (compiler without AVX-512 intrinsics)"
+    else:
+        _avx512_reason = ""
     _self_check(lib)
+    if not _avx512_reason and _failed:  # the AVX-512 loop off, then the AVX2 loop checked on its own
+        _avx512_reason = "self-check failed: " + ", ".join(f"{name} ({why})" for name, why in _failed.items())
+        lib.set_avx512(0)
+        _self_check(lib)
     if "fp32" in _failed:  # every other path falls back to fp32 weights: nothing left to run
         _reason = f"self-check failed for fp32 weights ({_failed['fp32']})"
         return None
@@ -264,6 +294,20 @@ def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tu
         if "amx_int8" in _cpu_flags():
             weights["amx-int8"] = (_int8_tiles(lib, values[:16], scale[:16]), weights["int8"][1][:16])
     return weights
+
+
+def avx512() -> bool:
+    """Whether the AVX-512 loop multiplies (``library()`` loaded, the CPU has AVX-512 F/BW/VL/DQ, the
+    self-check passed and VERISPEC_AVX512 is not 0) for calls whose K is a multiple of 16; other calls,
+    and every call elsewhere, take the AVX2 loop. AMX tiles, where packed, take precedence."""
+    return library() is not None and not _avx512_reason
+
+
+def set_avx512(on: bool) -> bool:
+    """Switch the AVX-512 loop on or off for later products (tests and A/B experiments: the packed
+    weights are the same for both loops); returns whether it is on. On only where ``avx512()`` allows."""
+    lib = library()
+    return bool(lib is not None and lib.set_avx512(int(on and not _avx512_reason)))
 
 
 def max_fused() -> int:
@@ -941,10 +985,15 @@ def status(model: nn.Module | None = None) -> str:
 
 def paths() -> str:
     """The instruction-set paths the kernel multiplies with on this CPU and the weight formats each
-    takes, e.g. "avx2: fp32, bf16, int8, Q4_1, Q8_0; AMX off: no AMX-BF16 on this CPU", and any path
+    takes, e.g. "avx2: fp32, bf16, int8, Q4_1, Q8_0; AVX-512 off: no AVX-512 F/BW/VL/DQ on this CPU; AMX
+    off: no AMX-BF16 on this CPU", and any path
     the load-time self-check turned off, with why. Call when ``library()`` is not None."""
-    avx2 = [form.name for form in FORMATS.values() if form.rows_multiple == 1 and form.name not in _failed]
-    text = f"avx2: {', '.join(avx2)}"
+    loop = [form.name for form in FORMATS.values() if form.rows_multiple == 1 and form.name not in _failed]
+    if library().avx512_on():
+        text = f"avx512: {', '.join(loop)} (K % 16 == 0, else avx2)"
+    else:
+        text = f"avx2: {', '.join(loop)}" + (f"; AVX-512 off: {_avx512_reason}" if _avx512_reason else
+                                             "; AVX-512 off: switched off (set_avx512)")
     text += f"; amx-bf16{', amx-int8' if amx_int8() else ''}" if amx() else f"; AMX off: {_amx_reason}"
     if _failed:
         text += "; self-check turned off " + ", ".join(f"{name} ({why})" for name, why in _failed.items())
