@@ -10,63 +10,50 @@
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
-static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 #define N 200000000L
-__attribute__((target("avx512f,avx512bf16")))
-void dp(void){
-  __m512 a0=_mm512_set1_ps(0),a1=a0,a2=a0,a3=a0,a4=a0,a5=a0,a6=a0,a7=a0,a8=a0,a9=a0,a10=a0,a11=a0;
-  __m512bh x=(__m512bh)_mm512_set1_epi16(0x3f80), y=(__m512bh)_mm512_set1_epi16(0x3f80);
-  double t=now();
-  for(long i=0;i<N/12;i++){
-    a0=_mm512_dpbf16_ps(a0,x,y);a1=_mm512_dpbf16_ps(a1,x,y);a2=_mm512_dpbf16_ps(a2,x,y);a3=_mm512_dpbf16_ps(a3,x,y);
-    a4=_mm512_dpbf16_ps(a4,x,y);a5=_mm512_dpbf16_ps(a5,x,y);a6=_mm512_dpbf16_ps(a6,x,y);a7=_mm512_dpbf16_ps(a7,x,y);
-    a8=_mm512_dpbf16_ps(a8,x,y);a9=_mm512_dpbf16_ps(a9,x,y);a10=_mm512_dpbf16_ps(a10,x,y);a11=_mm512_dpbf16_ps(a11,x,y);
-    __asm__ volatile("" : "+v"(a0),"+v"(a1),"+v"(a2),"+v"(a3),"+v"(a4),"+v"(a5),"+v"(a6),"+v"(a7),"+v"(a8),"+v"(a9),"+v"(a10),"+v"(a11));
-  }
-  t=now()-t; __m512 s=_mm512_add_ps(a0,a11);
-  printf("dpbf16 zmm: %.3f ns/instr (%.1f Ginstr/s) %f\n",t/N*1e9,N/t/1e9,_mm512_reduce_add_ps(s));
+
+/* Time N instructions OP(acc, a, b) over 12 independent accumulators of type T (operands of type TO). */
+#define THROUGHPUT(NAME, TARGET, T, TO, ZERO, A, B, OP)                                              \
+    __attribute__((target(TARGET))) static void NAME(void) {                                       \
+        T a0 = ZERO, a1 = ZERO, a2 = ZERO, a3 = ZERO, a4 = ZERO, a5 = ZERO;                        \
+        T a6 = ZERO, a7 = ZERO, a8 = ZERO, a9 = ZERO, a10 = ZERO, a11 = ZERO;                      \
+        TO a = A, b = B;                                                                           \
+        double t = now();                                                                          \
+        for (long i = 0; i < N / 12; i++) {                                                        \
+            a0 = OP(a0, a, b); a1 = OP(a1, a, b); a2 = OP(a2, a, b); a3 = OP(a3, a, b);            \
+            a4 = OP(a4, a, b); a5 = OP(a5, a, b); a6 = OP(a6, a, b); a7 = OP(a7, a, b);            \
+            a8 = OP(a8, a, b); a9 = OP(a9, a, b); a10 = OP(a10, a, b); a11 = OP(a11, a, b);        \
+            __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),      \
+                             "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));        \
+        }                                                                                          \
+        t = now() - t;                                                                             \
+        printf("%-10s %.3f ns/instruction (%.1f G/s)\n", #NAME, t / N * 1e9, N / t / 1e9);        \
+    }
+
+#define DPBF16(acc, a, b) _mm512_dpbf16_ps(acc, a, b)
+#define FMA512(acc, a, b) _mm512_fmadd_ps(a, b, acc)
+#define FMA256(acc, a, b) _mm256_fmadd_ps(a, b, acc)
+#define DPBUSD(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+
+THROUGHPUT(dpbf16_zmm, "avx512f,avx512bf16", __m512, __m512bh, _mm512_setzero_ps(), (__m512bh)_mm512_set1_epi16(0x3f80),
+           (__m512bh)_mm512_set1_epi16(0x3f80), DPBF16)
+THROUGHPUT(fma_zmm, "avx512f", __m512, __m512, _mm512_setzero_ps(), _mm512_set1_ps(1.0f), _mm512_set1_ps(1e-9f), FMA512)
+THROUGHPUT(fma_ymm, "avx2,fma", __m256, __m256, _mm256_setzero_ps(), _mm256_set1_ps(1.0f), _mm256_set1_ps(1e-9f), FMA256)
+THROUGHPUT(vnni_zmm, "avx512f,avx512vnni", __m512i, __m512i, _mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_set1_epi8(1),
+           DPBUSD)
+
+int main(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bf16")) dpbf16_zmm();
+    if (__builtin_cpu_supports("avx512f")) fma_zmm();
+    fma_ymm();
+    if (__builtin_cpu_supports("avx512vnni")) vnni_zmm();
+    return 0;
 }
-__attribute__((target("avx512f")))
-void fma512(void){
-  __m512 a0=_mm512_set1_ps(0),a1=a0,a2=a0,a3=a0,a4=a0,a5=a0,a6=a0,a7=a0,a8=a0,a9=a0,a10=a0,a11=a0;
-  __m512 x=_mm512_set1_ps(1.0f),y=_mm512_set1_ps(1e-9f);
-  double t=now();
-  for(long i=0;i<N/12;i++){
-    a0=_mm512_fmadd_ps(x,y,a0);a1=_mm512_fmadd_ps(x,y,a1);a2=_mm512_fmadd_ps(x,y,a2);a3=_mm512_fmadd_ps(x,y,a3);
-    a4=_mm512_fmadd_ps(x,y,a4);a5=_mm512_fmadd_ps(x,y,a5);a6=_mm512_fmadd_ps(x,y,a6);a7=_mm512_fmadd_ps(x,y,a7);
-    a8=_mm512_fmadd_ps(x,y,a8);a9=_mm512_fmadd_ps(x,y,a9);a10=_mm512_fmadd_ps(x,y,a10);a11=_mm512_fmadd_ps(x,y,a11);
-    __asm__ volatile("" : "+v"(a0),"+v"(a1),"+v"(a2),"+v"(a3),"+v"(a4),"+v"(a5),"+v"(a6),"+v"(a7),"+v"(a8),"+v"(a9),"+v"(a10),"+v"(a11));
-  }
-  t=now()-t; __m512 s=_mm512_add_ps(a0,a11);
-  printf("fma zmm: %.3f ns/instr (%.1f Ginstr/s) %f\n",t/N*1e9,N/t/1e9,_mm512_reduce_add_ps(s));
-}
-__attribute__((target("avx2,fma")))
-void fma256(void){
-  __m256 a0=_mm256_set1_ps(0),a1=a0,a2=a0,a3=a0,a4=a0,a5=a0,a6=a0,a7=a0,a8=a0,a9=a0,a10=a0,a11=a0;
-  __m256 x=_mm256_set1_ps(1.0f),y=_mm256_set1_ps(1e-9f);
-  double t=now();
-  for(long i=0;i<N/12;i++){
-    a0=_mm256_fmadd_ps(x,y,a0);a1=_mm256_fmadd_ps(x,y,a1);a2=_mm256_fmadd_ps(x,y,a2);a3=_mm256_fmadd_ps(x,y,a3);
-    a4=_mm256_fmadd_ps(x,y,a4);a5=_mm256_fmadd_ps(x,y,a5);a6=_mm256_fmadd_ps(x,y,a6);a7=_mm256_fmadd_ps(x,y,a7);
-    a8=_mm256_fmadd_ps(x,y,a8);a9=_mm256_fmadd_ps(x,y,a9);a10=_mm256_fmadd_ps(x,y,a10);a11=_mm256_fmadd_ps(x,y,a11);
-    __asm__ volatile("" : "+v"(a0),"+v"(a1),"+v"(a2),"+v"(a3),"+v"(a4),"+v"(a5),"+v"(a6),"+v"(a7),"+v"(a8),"+v"(a9),"+v"(a10),"+v"(a11));
-  }
-  t=now()-t; __m256 s=_mm256_add_ps(a0,a11);
-  float o[8]; _mm256_storeu_ps(o,s);
-  printf("fma ymm: %.3f ns/instr (%.1f Ginstr/s) %f\n",t/N*1e9,N/t/1e9,o[0]);
-}
-__attribute__((target("avx512f,avx512vnni")))
-void vnni(void){
-  __m512i a0=_mm512_set1_epi32(0),a1=a0,a2=a0,a3=a0,a4=a0,a5=a0,a6=a0,a7=a0,a8=a0,a9=a0,a10=a0,a11=a0;
-  __m512i x=_mm512_set1_epi8(1),y=_mm512_set1_epi8(1);
-  double t=now();
-  for(long i=0;i<N/12;i++){
-    a0=_mm512_dpbusd_epi32(a0,x,y);a1=_mm512_dpbusd_epi32(a1,x,y);a2=_mm512_dpbusd_epi32(a2,x,y);a3=_mm512_dpbusd_epi32(a3,x,y);
-    a4=_mm512_dpbusd_epi32(a4,x,y);a5=_mm512_dpbusd_epi32(a5,x,y);a6=_mm512_dpbusd_epi32(a6,x,y);a7=_mm512_dpbusd_epi32(a7,x,y);
-    a8=_mm512_dpbusd_epi32(a8,x,y);a9=_mm512_dpbusd_epi32(a9,x,y);a10=_mm512_dpbusd_epi32(a10,x,y);a11=_mm512_dpbusd_epi32(a11,x,y);
-    __asm__ volatile("" : "+v"(a0),"+v"(a1),"+v"(a2),"+v"(a3),"+v"(a4),"+v"(a5),"+v"(a6),"+v"(a7),"+v"(a8),"+v"(a9),"+v"(a10),"+v"(a11));
-  }
-  t=now()-t;
-  printf("vnni zmm: %.3f ns/instr (%.1f Ginstr/s) %d\n",t/N*1e9,N/t/1e9,_mm512_reduce_add_epi32(_mm512_add_epi32(a0,a11)));
-}
-int main(){dp();fma512();fma256();vnni();return 0;}
