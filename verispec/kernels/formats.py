@@ -1,0 +1,97 @@
+"""The weight formats the kernel multiplies (``FORMATS``, told by a packed tensor's dtype) and the pure
+helpers on them: a packed weight's input width, GGUF block sizes and their exact dequantization, random
+blocks and int8 rows for the load-time self-check. Re-exported by ``verispec.kernels``."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Format(NamedTuple):
+    """A packed weight's layout, told by its torch dtype: ``wtype`` is the C source's weight type,
+    ``name`` the weight path (as ``status`` and the self-check name it). A row of K inputs is stored as
+    ``extra`` columns then ``columns`` columns per ``inputs`` inputs; N % rows_multiple == 0 and
+    K % inputs_multiple == 0."""
+
+    wtype: int
+    name: str
+    columns: int
+    inputs: int
+    extra: int
+    rows_multiple: int
+    inputs_multiple: int
+
+
+FORMATS = {
+    torch.float32: Format(0, "fp32", 1, 1, 0, 1, 8),
+    torch.bfloat16: Format(1, "bf16", 1, 1, 0, 1, 8),
+    torch.int16: Format(2, "amx-bf16", 1, 1, 0, 16, 32),  # bf16 bit patterns, tiled
+    torch.int8: Format(3, "int8", 1, 1, 4, 1, 8),  # a row: its fp32 scale, then K values
+    torch.uint8: Format(4, "amx-int8", 1, 1, 4, 16, 64),  # tiled, see quantize_int8
+    torch.int32: Format(5, "Q4_1", 5, 32, 0, 1, 32),  # a GGUF row's bytes, 20 a block of 32 weights
+    torch.uint16: Format(6, "Q8_0", 17, 32, 0, 1, 32),  # a GGUF row's bytes, 34 a block of 32 weights
+}
+
+
+WEIGHT_TYPES = {dtype: form.wtype for dtype, form in FORMATS.items()}  # C's wtype
+
+
+BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.inputs == 32}  # "Q4_1" -> int32
+
+
+def packed_inputs(weight: torch.Tensor) -> int:
+    """K of a packed weight (N, ...) of a FORMATS dtype; ValueError where its shape is not one the
+    format can have."""
+    form = FORMATS.get(weight.dtype)
+    if form is None or weight.dim() != 2:
+        raise ValueError(f"not a packed weight for the kernel: {weight.dtype} of shape {tuple(weight.shape)}")
+    body = weight.shape[1] - form.extra
+    size = body // form.columns * form.inputs
+    if body % form.columns or size % form.inputs_multiple or weight.shape[0] % form.rows_multiple or size <= 0:
+        raise ValueError(f"a {form.name} weight of {tuple(weight.shape)} {weight.dtype} values does not hold whole "
+                         f"rows of a multiple of {form.inputs_multiple} inputs")
+    return size
+
+
+def block_bytes(kind: str) -> int:
+    """Bytes of one block of 32 weights in the GGUF format ``kind`` (one of BLOCK_FORMATS): 20 or 34."""
+    dtype = BLOCK_FORMATS[kind]
+    return FORMATS[dtype].columns * dtype.itemsize
+
+
+def dequantize_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """GGUF rows ``raw`` (uint8 (N, row bytes), ``kind`` "Q4_1" or "Q8_0") -> float32 (N, K), the values
+    gguf-py's ``gguf.quants.dequantize`` gives (d * q + m, d * q in float32; d * q is exact)."""
+    blocks = raw.reshape(raw.shape[0], -1, block_bytes(kind))
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    if kind == "Q8_0":
+        return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(raw.shape[0], -1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    qs = blocks[..., 4:]
+    return (d * torch.cat([qs & 15, qs >> 4], dim=-1).float() + m).reshape(raw.shape[0], -1)
+
+
+def _random_blocks(kind: str, out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    """Random GGUF rows (uint8 (N, row bytes)) with finite scales, for the self-check."""
+    raw = torch.randint(0, 256, (out_features, in_features // 32, block_bytes(kind)), dtype=torch.uint8,
+                        generator=generator)
+    headers = 1 if kind == "Q8_0" else 2  # d, or d and m
+    scales = (torch.rand(out_features, in_features // 32, headers, generator=generator) - 0.25) * 0.1
+    raw[..., :2 * headers] = scales.half().view(torch.uint8)
+    return raw.reshape(out_features, -1)
+
+
+def _int8_values(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_int8``'s values (int8 (N, K)) and scales (fp32 (N, 1))."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+    return torch.round(weight / scale).clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def _int8_rows(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(values.shape[0], values.shape[1] + 4, dtype=torch.int8)
+    out[:, :4] = scale.view(torch.int8).reshape(-1, 4)
+    out[:, 4:] = values
+    return out

@@ -1,0 +1,150 @@
+"""The model-facing side of the kernel: ``SmallRowsLinear`` (an nn.Linear whose few-row inference calls
+use the kernel), grouped projections read in one call (``Group``, ``projections``, ``joined_projection``),
+and ``accelerate`` / ``quantize``, which switch a model's layers over. Re-exported by ``verispec.kernels``;
+names of the package are read from it at call time (``_k``), so a test that patches ``verispec.kernels.X``
+patches what this module calls."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec import kernels as _k
+from verispec.kernels.formats import BLOCK_FORMATS
+
+
+class SmallRowsLinear(nn.Linear):
+    """An nn.Linear (same parameters and state dict) whose few-row inference calls use the kernel.
+    Made by ``accelerate``, which sets ``packed`` (``_pack_weight``): the layer's GGUF rows when a loader
+    gave it ``gguf_blocks`` = (format name, uint8 (N, row bytes)) that hold exactly its weight, else the
+    weight as bf16 when that is exact, else fp32. ``quantize`` adds ``quantized`` (``quantize_int8``),
+    used for the passes its format takes (``rows_for``)."""
+
+    packed: torch.Tensor
+    packed_version: int
+    group: "Group | None" = None
+    quantized: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _k._few_rows(x, self.in_features, self.weight, limit=_k.rows_for(self.packed)):
+            if self.weight._version != self.packed_version:  # weights edited in place since packing
+                self._pack()
+            weight = _k.weight_for_rows(self.packed, self.quantized, x.numel() // self.in_features)
+            return _k.linear(x, weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _pack(self) -> None:
+        self.packed = _k._pack_weight(self.weight, getattr(self, "gguf_blocks", None))
+        self.packed_version, self.group = self.weight._version, None
+        if self.quantized is not None:
+            self.quantized = _k.quantize_int8(self.weight)
+
+
+class Group:
+    """Linear layers that read the same input (q/k/v, gate/up), packed as one matrix whose row blocks
+    are the members' own packed weights (views, no extra memory): one kernel call computes them all."""
+
+    def __init__(self, layers: tuple[SmallRowsLinear, ...]):
+        self.layers = layers
+        self.packed = torch.cat([layer.packed for layer in layers])
+        self.quantized = None  # int8 rows of every member, when ``quantize`` gave each its own
+        if all(layer.quantized is not None for layer in layers):
+            self.quantized = torch.cat([layer.quantized for layer in layers])
+        biases = [layer.bias for layer in layers]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.bias_versions = [None if b is None else b._version for b in biases]
+        self.sizes = [layer.out_features for layer in layers]
+        offset = 0
+        for layer, size in zip(layers, self.sizes):
+            layer.packed, layer.group = self.packed[offset:offset + size], self
+            if self.quantized is not None:
+                layer.quantized = self.quantized[offset:offset + size]
+            offset += size
+
+    @staticmethod
+    def compatible(layers) -> bool:
+        return (all(isinstance(layer, SmallRowsLinear) for layer in layers)
+                and len({(layer.in_features, layer.packed.dtype, layer.bias is None) for layer in layers}) == 1)
+
+    def current(self) -> bool:
+        """No member was repacked or had its weight or bias edited in place since grouping."""
+        return all(layer.group is self and layer.weight._version == layer.packed_version
+                   and (layer.bias is None or layer.bias._version == version)
+                   for layer, version in zip(self.layers, self.bias_versions))
+
+
+def _ready_group(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> "Group | None":
+    """The group ``accelerate`` made of exactly ``layers``, if the kernel applies to ``x`` and the
+    group's packed weights are current."""
+    group = getattr(layers[0], "group", None)
+    if group is not None and group.layers == layers and group.current() \
+            and _k._few_rows(x, layers[0].in_features, layers[0].weight, limit=_k.rows_for(group.packed)):
+        return group
+    return None
+
+
+def projections(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x) for layer in layers)``, in one kernel call when ``accelerate`` grouped them."""
+    group = _ready_group(x, layers)
+    if group is not None:
+        weight = _k.weight_for_rows(group.packed, group.quantized, x.numel() // layers[0].in_features)
+        return _k.linear(x, weight, group.bias).split(group.sizes, dim=-1)
+    return tuple(layer(x) for layer in layers)
+
+
+def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
+    """``torch.cat([layer(x) for layer in layers], -1)``, in one kernel call (no copy) when grouped."""
+    group = _ready_group(x, layers)
+    if group is not None:
+        weight = _k.weight_for_rows(group.packed, group.quantized, x.numel() // layers[0].in_features)
+        return _k.linear(x, weight, group.bias)
+    return torch.cat([layer(x) for layer in layers], dim=-1)
+
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read through projections()
+
+
+def accelerate(model: nn.Module) -> int:
+    """Switch every eligible nn.Linear of ``model`` (fp32 on the CPU, in_features % 8 == 0) to the kernel
+    for few-row calls and group the projections of GROUPS; returns how many layers were switched (0
+    when the kernel is unavailable)."""
+    if _k.library() is None:
+        return 0
+    switched = 0
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.weight.dtype == torch.float32 and not module.weight.is_cuda
+                and module.in_features % 8 == 0
+                and (module.bias is None or module.bias.dtype == torch.float32)):
+            module.__class__ = SmallRowsLinear
+            module._pack()
+            switched += 1
+    with torch.no_grad():
+        for module in model.modules():
+            for names in GROUPS:
+                layers = tuple(getattr(module, name, None) for name in names)
+                if Group.compatible(layers):
+                    Group(layers)
+    return switched
+
+
+def quantize(model: nn.Module) -> int:
+    """Give every kernel linear layer of ``model`` (see ``accelerate``) int8 rows (``quantize_int8``),
+    used for passes of up to INT8_ROWS rows, and regroup; returns how many layers got them. Layers on
+    GGUF blocks keep them (already 4.5 or 8.5 bits a weight, and the file's own values). For draft
+    models only: a draft's weights decide what it proposes and so the acceptance, never the committed
+    distribution, which the target alone defines. At one row a pass is bound by reading the weights:
+    int8 rows are half of bf16's bytes."""
+    layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
+    with torch.no_grad():
+        for layer in layers:
+            on_blocks = layer.packed.dtype in BLOCK_FORMATS.values()
+            layer.quantized = None if on_blocks else _k.quantize_int8(layer.weight)
+            layer.group = None
+        for module in model.modules():
+            module.__dict__.pop("_fused_weights", None)
+            for names in GROUPS:
+                members = tuple(getattr(module, name, None) for name in names)
+                if Group.compatible(members):
+                    Group(members)
+    return sum(layer.quantized is not None for layer in layers)
