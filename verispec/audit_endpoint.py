@@ -18,46 +18,12 @@ compares the server's continuations with a reference's:
   probabilities differ from the server's by the server's numerics (dtype, kernels), so against a
   remote GPU server a second endpoint is the fairer reference.
 
-Per prompt:
-
-1. Sampling. N continuations of n tokens from the endpoint and N_ref from the reference (default N),
-   each request with ``max_tokens`` n, the sampling settings given (temperature and top_p always;
-   top_k, min_p and the penalties only when set, since OpenAI's own API refuses them), its own seed
-   (derived from --seed; the reference uses an independent stream) and ``ignore_eos`` (see
-   ``--ignore-eos``: auto sends it and drops it if the server refuses it). ``--concurrency`` requests
-   are in flight at once; ``--choices k`` asks for k continuations per request (OpenAI's ``n``: fewer
-   round trips; verispec samples choice i with seed + i, vLLM draws them from one seeded generator).
-   Continuations are compared as TEXT, so no tokenizer is needed and the reference can be any server:
-   equal token distributions give equal text distributions, so a difference in the texts proves one in
-   the tokens (a bug that only moves between token sequences with the same text stays invisible).
-2. Two-sample chi-square over the distinct texts (a 2 x K contingency table, equal or unequal sizes):
-   a text is a cell of its own when its expected count on each side, min(N, N_ref) x (its pooled count)
-   / (N + N_ref), is at least 5; the others pool into one rest cell, and if the rest's expected count is
-   below 5 the smallest cells join it until it is not. X^2 = sum over cells and sides of
-   (observed - expected)^2 / expected, dof = cells - 1, p = P(chi2_dof >= X^2).
-3. TV = 1/2 sum_text |c_text / N - r_text / N_ref| between the two empirical distributions (every text,
-   no pooling), and its noise floor: the mean TV over 200 random re-splits of the pooled samples into
-   sizes N and N_ref (what two samples from ONE distribution show at these sizes; seeded, so a rerun
-   reports the same floor). A TV well above its floor is a visible difference, whatever the p-value.
-4. Verdict. With k prompts tested the p-value is Bonferroni's min(1, k x min p). "FAIL" if it is below
-   --alpha (default 1e-3). Otherwise "pass" if every prompt was testable and its tested cells hold at
-   least half the samples (coverage >= 0.5), else "inconclusive", with why: fewer than two cells (every
-   sample the same text, as under greedy decoding, or nothing common enough to count), or most samples in
-   texts too rare to compare (then use fewer --tokens, a lower temperature, --top-k, or more samples).
-
-Exit status: 0 pass, 1 FAIL, 2 bad input or an endpoint that cannot be used (one line, e.g. an
-unreachable URL, an HTTP error, an option the server refuses), 3 inconclusive.
-
-Sample sizes. tests/test_audit_endpoint.py serves a 261-token byte-level pair whose draft is a noisy
-copy of the target (acceptance about 70%) and audits 3-token continuations of "Hello" at temperature 3,
-top-k 4 (about 50 distinct texts) against a second in-process server with speculation off. At
-N = 2000 against N_ref = 4000 the correct server passes (p = 0.42; 0.04-0.5 over seeds 0-3) while
-servers with a planted verifier bug (``VERISPEC_FAULT`` in ``verispec.batch``) FAIL: q computed without
-the temperature (p <= 2e-19), q from bfloat16-rounded logits while the draft sampled from float32 ones
-(p <= 8e-6; at 1500 / 3000 it was missed once in two seeds), the bonus token drawn from the draft
-(p <= 1e-100). A bug whose effect is smaller needs more samples: the noise floor shrinks as 1/sqrt(N),
-so halving the detectable TV takes 4x N. Equal sizes are not required; a larger N_ref (cheap when the
-reference is a local model) lowers the noise of the comparison.
+Per prompt: N continuations of n tokens from the endpoint and N_ref from the reference, each request
+with its own seed (the reference's from an independent stream), compared as TEXT (no tokenizer needed;
+equal token distributions give equal text distributions) by ``verispec.two_sample``: a two-sample
+chi-square over the distinct texts, TV against its noise floor, and a Bonferroni verdict over prompts.
+Exit status: 0 pass, 1 FAIL, 2 bad input or an endpoint that cannot be used (one line), 3 inconclusive.
+The method, its thresholds and the sample sizes that catch planted verifier bugs: docs/auditing.md.
 """
 
 from __future__ import annotations
@@ -76,14 +42,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from verispec.audit import (BUILTIN_PROMPTS, CHAT_PREFIX, DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_TOKENS,
-                            MIN_EXPECTED_COUNT, MIN_SAMPLES, THOROUGH_SAMPLES, _parse_ids, chi_square_pvalue,
-                            prompt_label, sample_seeds)
+                            MIN_SAMPLES, THOROUGH_SAMPLES, _parse_ids, prompt_label, sample_seeds)
 from verispec.config import SamplingParams
 from verispec.errors import VerispecError
+from verispec.two_sample import TwoSample, two_sample_test, verdict_of
 
 MAX_ENDPOINT_TOKENS = 64
-MIN_COVERAGE = 0.5  # a pass needs at least this share of the samples in cells tested on their own
-FLOOR_SPLITS = 200  # random re-splits of the pooled samples that estimate TV's noise floor
 REFERENCE_STREAM = 1 << 20  # the reference's seeds: SeedSequence([seed, REFERENCE_STREAM + prompt index])
 SEED_MODULUS = 1 << 63  # seeds sent in [0, 2^63): within every server's range, and seed + choice too
 RETRY_STATUS = (429, 502, 503, 504)
@@ -287,75 +251,6 @@ def audit_seeds(seed: int, prompt_index: int, count: int, reference: bool = Fals
 # ---- statistics (pure) --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TwoSample:
-    """Two samples of texts compared (see the module docstring)."""
-
-    samples: int
-    reference_samples: int
-    distinct: int  # distinct texts over both samples
-    cells: int  # cells of the chi-square, the rest cell included
-    tv: float
-    noise_floor: float
-    chi_square: float
-    dof: int
-    p_value: float
-    coverage: float  # share of all samples in texts tested on their own (not pooled into the rest)
-    reason: str | None = None  # why the samples cannot decide, when they cannot
-
-    @property
-    def conclusive(self) -> bool:
-        return self.reason is None
-
-
-def two_sample_test(counts: dict, reference: dict, seed: int = 0) -> TwoSample:
-    """Chi-square, TV and its noise floor of text ``counts`` against ``reference`` counts."""
-    keys = sorted(set(counts) | set(reference), key=lambda k: (-(counts.get(k, 0) + reference.get(k, 0)), repr(k)))
-    x = np.array([counts.get(k, 0) for k in keys], dtype=np.int64)
-    y = np.array([reference.get(k, 0) for k in keys], dtype=np.int64)
-    n1, n2 = int(x.sum()), int(y.sum())
-    if n1 == 0 or n2 == 0:
-        raise VerispecError("both samples must be non-empty")
-    total = x + y
-    tv = 0.5 * float(np.abs(x / n1 - y / n2).sum())
-    rng = np.random.default_rng([seed, len(keys), n1, n2])
-    split = rng.multivariate_hypergeometric(total, n1, size=FLOOR_SPLITS)  # (R, K): the first sample's counts
-    floor = float((0.5 * np.abs(split / n1 - (total - split) / n2).sum(axis=1)).mean())
-    statistic, dof, covered = pooled_chi_square(x, y)
-    p_value = chi_square_pvalue(statistic, dof)
-    coverage = covered / (n1 + n2)
-    reason = None
-    if dof < 1:
-        reason = ("every sample on both sides is the same text: nothing to test (greedy or near-deterministic "
-                  "output; raise the temperature)" if len(keys) == 1 else
-                  "no text is common enough to test on its own: use fewer --tokens, a lower temperature, "
-                  "--top-k, or more --samples")
-    elif coverage < MIN_COVERAGE:
-        reason = (f"only {coverage:.0%} of the samples fall in texts common enough to test on their own: use fewer "
-                  "--tokens, a lower temperature, --top-k, or more --samples")
-    return TwoSample(n1, n2, len(keys), dof + 1, tv, floor, statistic, dof, p_value, coverage, reason)
-
-
-def pooled_chi_square(x: np.ndarray, y: np.ndarray) -> tuple[float, int, int]:
-    """X^2, dof and the samples in cells of their own, for counts x, y (sorted by pooled count, largest
-    first): cells with an expected count >= 5 on each side, the rest pooled (see the module docstring)."""
-    n1, n2 = int(x.sum()), int(y.sum())
-    total = x + y
-    need = MIN_EXPECTED_COUNT * (n1 + n2) / min(n1, n2)  # pooled count that gives each side expected >= 5
-    big = int((total >= need).sum())  # sorted descending: the first ``big`` keys
-    while big and 0 < total[big:].sum() < need:  # keep the approximation valid for the rest cell too
-        big -= 1
-    cells = [(int(x[i]), int(y[i])) for i in range(big)]
-    if total[big:].sum() > 0:
-        cells.append((int(x[big:].sum()), int(y[big:].sum())))
-    statistic = 0.0
-    for u, v in cells:
-        t = u + v
-        e1, e2 = n1 * t / (n1 + n2), n2 * t / (n1 + n2)
-        statistic += (u - e1) ** 2 / e1 + (v - e2) ** 2 / e2
-    return statistic, len(cells) - 1, int(total[:big].sum())
-
-
 # ---- the audit ----------------------------------------------------------------------------------------
 
 
@@ -406,21 +301,6 @@ class EndpointReport:
                 "tokens": self.tokens, "seed": self.seed, "endpoint": self.endpoint, "reference": self.reference,
                 "sampling": sampling, "prompts": [p.as_dict() for p in self.prompts], "notes": self.notes,
                 "reason": self.reason}
-
-
-def verdict_of(tests: Sequence[TwoSample], alpha: float) -> tuple[str, float, str | None]:
-    """Verdict, combined p-value and, when inconclusive, why (see the module docstring)."""
-    tested = [t for t in tests if t.dof >= 1]
-    if not tested:
-        reason = tests[0].reason if len(tests) == 1 else f"no prompt could be tested ({tests[0].reason})"
-        return "inconclusive", 1.0, reason
-    p_value = min(1.0, len(tested) * min(t.p_value for t in tested))
-    if p_value < alpha:
-        return "FAIL", p_value, None
-    undecided = [t.reason for t in tests if not t.conclusive]
-    if undecided:
-        return "inconclusive", p_value, undecided[0]
-    return "pass", p_value, None
 
 
 Samples = list  # per prompt, (Counter of texts, Counter of finish reasons): what ``sample_prompts`` returns
