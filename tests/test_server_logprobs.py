@@ -341,3 +341,70 @@ def test_eagle_logprobs_are_the_targets(byte_pair, tmp_path, strings, ids_of):
     assert result.model_extra["spec_stats"]["drafted"] > 0
     assert_target_values(plain_pair, strings, ids_of, encode(plain_pair, "Hello"), logprobs.tokens,
                          logprobs.token_logprobs, [list(top.items()) for top in logprobs.top_logprobs], 3)
+
+
+def _processed_oracle(target, prompt_ids: list[int], token_ids: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """(T, V): log of the distribution each output token was sampled from: the target's logits at its
+    position through temperature and the filters (``logits_to_probs``), -9999 where that is 0."""
+    from verispec.sampling import logits_to_probs
+
+    with torch.inference_mode():
+        logits, _ = target.train_forward(torch.tensor([prompt_ids + token_ids]))
+    probs = logits_to_probs(logits[0, len(prompt_ids) - 1:-1], sampling)
+    return torch.log(probs).clamp_min(-9999.0)
+
+
+def _run(engine, requests) -> dict[str, tuple[list[int], list[TokenLogprob]]]:
+    events = [event for request in requests for event in engine.add(request)]
+    while engine.active:
+        events += engine.step()
+    out = {}
+    for request in requests:
+        mine = [event for event in events if event.request_id == request.request_id]
+        out[request.request_id] = ([t for e in mine for t in e.tokens], [lp for e in mine for lp in e.logprobs])
+    return out
+
+
+@pytest.mark.parametrize("method", ["model", "perfect", "ngram", "none"])
+def test_processed_logprobs_are_the_sampling_distributions(pair, method):
+    """``logprobs_mode="processed"``: each token's log-probability under the distribution it was drawn
+    from (temperature, top-k, top-p applied; 0.0 for greedy picks), for accepted, recovered and bonus
+    tokens alike, equal to the target's own processed distribution at that position within 1e-5; raw
+    mode in the same engine run still reports the raw log-softmax."""
+    perfect = method == "perfect"
+    draft = pair.target if perfect else pair.draft
+    engine = BatchEngine(pair.target, draft, SPECS[method], max_batch=4, logprobs_mode="processed")
+    settings = {"t07k8": SamplingParams(temperature=0.7, top_k=8), "t1p9": SamplingParams(temperature=1.0, top_p=0.9),
+                "greedy": SamplingParams(temperature=0)}
+    prompt = encode(pair, "Hello")
+    requests = [BatchRequest(name, prompt, sampling, StopRules(max_tokens=12, ignore_eos=True), seed=3, logprobs=3)
+                for name, sampling in settings.items()]
+    for name, (tokens, logprobs) in _run(engine, requests).items():
+        oracle = _processed_oracle(pair.target, prompt, tokens, settings[name])
+        assert len(logprobs) == len(tokens) == 12
+        for position, (token, entry) in enumerate(zip(tokens, logprobs)):
+            assert abs(entry.logprob - float(oracle[position, token])) <= TOLERANCE, (name, position)
+            assert entry.logprob > -9999.0  # a sampled token always had probability > 0
+            top = torch.topk(oracle[position], 3)
+            assert list(entry.top_logprobs) == pytest.approx(top.values.tolist(), abs=TOLERANCE)
+            if name == "greedy":
+                assert entry.logprob == 0.0 and entry.top_logprobs[1:] == (-9999.0, -9999.0)
+
+
+def test_logprobs_mode_is_a_server_option(pair):
+    """``serve --logprobs-mode processed`` reaches the engine; an unknown mode is refused in one line."""
+    from verispec.errors import VerispecError
+    from verispec.server.app import build_batch_engine
+    from verispec.server.cli import config_from_args
+    import argparse
+    from verispec.server.cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--target", "tiny", "--logprobs-mode", "processed"])
+    spec, config = config_from_args(args)
+    assert config.logprobs_mode == "processed"
+    assert build_batch_engine(pair, SpecConfig(gamma=3), config, adaptive=False).logprobs_mode == "processed"
+    assert ServerConfig().logprobs_mode == "raw"
+    with pytest.raises(VerispecError, match="logprobs mode must be one of raw, processed"):
+        BatchEngine(pair.target, pair.draft, SpecConfig(gamma=3), logprobs_mode="logits")

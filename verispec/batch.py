@@ -20,9 +20,11 @@ Chains with a draft model, an EAGLE head (each row's head drafts in turn; the fe
 batched verification) or n-gram lookup are batched; trees and early exit run in ``SpecEngine``.
 
 A request with ``logprobs`` set gets, for each committed token, the target's raw log-softmax there
-(before temperature and truncation) and the ``logprobs`` most likely alternatives, read off the logits
-the round already has: the prefill's for the first token, then row i of the verification pass for
-the round's i-th committed token, whether accepted, recovered or bonus. Exact under speculation.
+(before temperature and truncation; with ``logprobs_mode="processed"`` the log of the distribution the
+token was sampled from, after penalties, a grammar's mask, temperature and truncation) and the
+``logprobs`` most likely alternatives, read off the logits the round already has: the prefill's for the
+first token, then row i of the verification pass for the round's i-th committed token, whether accepted,
+recovered or bonus. Exact under speculation.
 
 A request under a grammar or with penalties (``verispec.guide``) has its drafts drawn under that
 transform and staged, cut at the first draft the grammar forbids, followed by the tokens the grammar
@@ -77,15 +79,26 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A committed token's raw log-probability, and the most likely tokens at its position (best first)."""
+    """A committed token's log-probability (raw or processed: BatchEngine's logprobs_mode), and the most likely
+    tokens at its position (best first)."""
     logprob: float
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> list[TokenLogprob]:
-    """``logits`` (T, V): the target's raw logits whose row i scored ``tokens[i]``; in float32."""
-    logprobs = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)  # (T, V)
+LOGPROBS_MODES = ("raw", "processed")
+MIN_LOGPROB = -9999.0  # a token the processed distribution excludes (probability 0), as vLLM reports it
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int,
+                   probs: torch.Tensor | None = None) -> list[TokenLogprob]:
+    """``logits`` (T, V): the target's raw logits whose row i scored ``tokens[i]``; in float32. With
+    ``probs`` (T, V), the distributions the tokens were sampled from (penalties, grammar mask,
+    temperature, top-k/p, min-p applied; one-hot when greedy): their logs instead, MIN_LOGPROB for 0."""
+    if probs is None:
+        logprobs = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)  # (T, V)
+    else:
+        logprobs = torch.log(probs[:len(tokens)].float()).clamp_min(MIN_LOGPROB)
     chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)].tolist()
     if top_n == 0:
         return [TokenLogprob(value) for value in chosen]
@@ -126,7 +139,11 @@ class _Sequence:
 class BatchEngine:
     def __init__(self, target: LlamaForCausalLM, draft: LlamaForCausalLM | None = None,
                  spec: SpecConfig = SpecConfig(), max_batch: int = 64, max_len: int | None = None,
-                 decode: Decode | None = None, gamma_policy: GammaPolicy | None = None, eagle: EagleHead | None = None):
+                 decode: Decode | None = None, gamma_policy: GammaPolicy | None = None, eagle: EagleHead | None = None,
+                 logprobs_mode: str = "raw"):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise VerispecError(f"logprobs mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         if spec.enabled and (spec.method != "chain" or spec.drafter == "early_exit"):
             raise VerispecError("batched decoding supports chains from a draft model, an EAGLE head or n-gram "
                                 "lookup; trees and self-speculation run one request at a time (verispec generate)")
@@ -200,8 +217,10 @@ class BatchEngine:
         view.commit(0, len(request.prompt_ids))
         self.cache.sync_row(row, view)
         sampled = logits if guide is None else guide.mask().apply(logits)
-        first = sample_from(logits_to_probs(sampled, request.sampling), sequence.generator)
-        logprobs = None if request.logprobs is None else token_logprobs(logits[None], [first], request.logprobs)
+        probs = logits_to_probs(sampled, request.sampling)
+        first = sample_from(probs, sequence.generator)
+        logprobs = None if request.logprobs is None else token_logprobs(
+            logits[None], [first], request.logprobs, probs[None] if self.logprobs_mode == "processed" else None)
         if self.draft is not None:  # the draft reads the prompt when it first drafts for this row
             self.draft_cache.set_length(row, 0)
         self.rows.append(sequence)
@@ -404,18 +423,20 @@ class BatchEngine:
         else:
             logits = self.target.forward(torch.tensor(rows), view).cpu()  # (B, width, V); verified on the CPU
         argmax = greedy_ids(logits)
-        verdicts = []
+        verdicts, processed = [], []  # processed: each row's sampling distributions, where reported
         for row, (sequence, tokens) in enumerate(zip(self.rows, drafts)):
             params, k = sequence.request.sampling, len(tokens)
             row_logits = logits[row, :k + 1]
             if params.guide is not None:
                 row_logits = masks[row].apply(row_logits)
                 params.guide.unstage()
+            report = self.logprobs_mode == "processed" and sequence.request.logprobs is not None
+            processed.append(logits_to_probs(row_logits, params) if report else None)
             if params.greedy:
                 verdicts.append(verify_chain_greedy(
                     tokens, argmax[row][:k + 1] if params.guide is None else greedy_ids(row_logits)))
             else:
-                target_probs = logits_to_probs(row_logits, params)
+                target_probs = processed[-1] if processed[-1] is not None else logits_to_probs(row_logits, params)
                 verdicts.append(verify_chain(draft_tokens=torch.tensor(tokens, dtype=torch.long),
                                              draft_probs=draft_probs[row], target_probs=target_probs,
                                              generator=sequence.generator))
@@ -426,7 +447,7 @@ class BatchEngine:
                 sequence.eagle.observe(features[row, :1 + verdicts[-1].num_accepted])
         self.cache.sync_prefix(view)
         logprobs = [None if sequence.request.logprobs is None else
-                    token_logprobs(logits[row], verdict.tokens, sequence.request.logprobs)
+                    token_logprobs(logits[row], verdict.tokens, sequence.request.logprobs, processed[row])
                     for row, (sequence, verdict) in enumerate(zip(self.rows, verdicts))]
         return verdicts, logprobs
 

@@ -129,7 +129,7 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        max_len=min(config.max_model_len, pair.target.config.max_context),
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
-                       gamma_policy=policy, eagle=pair.eagle)
+                       gamma_policy=policy, eagle=pair.eagle, logprobs_mode=config.logprobs_mode)
 
 
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),

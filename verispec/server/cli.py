@@ -60,6 +60,11 @@ def add_parser(commands) -> None:
                        help="append one JSON line per round to FILE: batch size, the load chosen for, the gamma "
                             "chosen and the one run after the draft's reads were priced, round time, rows that "
                             "drafted, drafts accepted (to see why the server speculated or did not)")
+    serve.add_argument("--logprobs-mode", choices=("raw", "processed"), default=defaults.logprobs_mode,
+                       help="logprobs requests get: raw (the target's log-softmax before temperature and filters, "
+                            "vLLM's default) or processed (the log of the distribution each token was sampled "
+                            "from: penalties, grammar mask, temperature, top-k/p, min-p applied; -9999.0 for an "
+                            f"excluded token) (default {defaults.logprobs_mode})")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help=f"requests decoded together (default {defaults.max_batch})")
     serve.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
@@ -118,7 +123,8 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
     return spec, ServerConfig(max_batch=args.max_batch, max_queue=args.max_queue, timeout_s=args.timeout,
                               shutdown_s=args.shutdown_grace,
                               max_model_len=args.max_model_len, api_key=api_key,
-                              metrics_public=args.metrics_public, max_body_bytes=args.max_body_bytes)
+                              metrics_public=args.metrics_public, max_body_bytes=args.max_body_bytes,
+                              logprobs_mode=args.logprobs_mode)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ class ServerConfig:
     timeout_s: float = 600.0  # per request, from arrival to the last token; then abort + HTTP 504
     shutdown_s: float = 20.0  # on SIGTERM/SIGINT, in-flight requests get this long to finish, then are aborted
     retry_after_s: int = 1  # the Retry-After header of a 429
+    logprobs_mode: str = "raw"  # reported logprobs: "raw" log-softmax, or "processed" (what was sampled from)
 
 
 class QueueFull(Exception):
