@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import random
 import os
 import socket
 import sys
@@ -190,7 +191,7 @@ def test_cli_json_against_a_second_endpoint(servers, capsys):
                "--reference-api-key", KEY, "--prompt", PROMPT, "--tokens", "3", "--samples", "400",
                "--temperature", "3", "--top-k", "4", "--choices", "8", "--concurrency", "4", "--seed", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["verdict"] == "pass", out
+    assert rc == 0 and out["verdict"] == "pass", (out["reason"], out.get("logprobs"))
     assert {"verdict", "p_value", "tv", "noise_floor", "alpha", "samples", "reference_samples", "tokens", "seed",
             "endpoint", "reference", "sampling", "prompts", "notes", "reason"} <= set(out)
     assert out["endpoint"] == {"url": servers["correct"].url, "model": "target"}
@@ -198,6 +199,9 @@ def test_cli_json_against_a_second_endpoint(servers, capsys):
     assert out["sampling"]["top_k"] == 4 and out["samples"] == out["reference_samples"] == 400
     prompt = out["prompts"][0]
     assert prompt["prompt"] == PROMPT and prompt["conclusive"] and prompt["dof"] >= 1
+    check = out["logprobs"]  # both servers report logprobs: the second check ran and agrees
+    assert check["agree"] and check["common"] >= 5 and check["max_spread"] < 1e-3, check
+    assert check["max_difference"] < 1e-3, check
     assert {"chi_square", "p_value", "tv", "noise_floor", "coverage", "cells", "distinct", "top_texts"} <= set(prompt)
 
 
@@ -283,3 +287,45 @@ def test_ignore_eos_auto_drops_what_the_server_refuses():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_logprob_check_fails_reports_that_do_not_fit_the_samples(servers, monkeypatch):
+    """Logprobs that do not belong to the texts sampled (here: each report off by a random amount, as
+    a server reporting another distribution's values would be) turn a passing audit into FAIL, with why;
+    the same servers' true reports agree."""
+    from verispec import audit_endpoint
+
+    def with_logprobs(live, key=None):
+        target = endpoint(live, key)
+        target.logprobs = True
+        return target
+    options = dict(seed=SEED, concurrency=4, choices=8)
+    honest = run_endpoint_audit(with_logprobs(servers["correct"]), with_logprobs(servers["reference"], KEY), [PROMPT],
+                                SAMPLING, TOKENS, 300, **options)
+    assert honest.verdict == "pass" and honest.logprobs["agree"], honest.logprobs
+    real, noise = audit_endpoint._logprob_sum, random.Random(0)
+
+    def jittered(choice, chat):
+        found = real(choice, chat)
+        return None if found is None else (found[0], found[1] + noise.uniform(0.0, 0.5))
+    monkeypatch.setattr(audit_endpoint, "_logprob_sum", jittered)
+    report = run_endpoint_audit(with_logprobs(servers["correct"]), with_logprobs(servers["reference"], KEY), [PROMPT],
+                                SAMPLING, TOKENS, 300, **options)
+    assert report.verdict == "FAIL" and report.exit_code == 1 and not report.logprobs["agree"]
+    assert report.reason.startswith("the logprobs disagree") and report.p_value > 1e-3  # the texts alone pass
+    assert "logprobs: DISAGREE" in audit_endpoint.format_report(report)
+
+
+def test_logprobs_auto_drops_what_the_server_does_not_return(servers):
+    """--logprobs auto keeps asking where the server answers with logprobs, and stops (with a note)
+    where its answers carry none."""
+    from verispec.audit_endpoint import settle_logprobs
+
+    target = endpoint(servers["correct"])
+    assert settle_logprobs(target, "auto", PROMPT, SAMPLING, TOKENS) is None and target.logprobs
+    assert not target.reported  # the probe's report is not kept
+    quiet = endpoint(servers["correct"])
+    quiet.sample = lambda *args, **kwargs: [("abc", "length")]  # answers without logprobs
+    note = settle_logprobs(quiet, "auto", PROMPT, SAMPLING, TOKENS)
+    assert not quiet.logprobs and "answered without logprobs" in note
+    assert settle_logprobs(quiet, "no", PROMPT, SAMPLING, TOKENS) is None and not quiet.logprobs

@@ -22,6 +22,8 @@ Per prompt: N continuations of n tokens from the endpoint and N_ref from the ref
 with its own seed (the reference's from an independent stream), compared as TEXT (no tokenizer needed;
 equal token distributions give equal text distributions) by ``verispec.two_sample``: a two-sample
 chi-square over the distinct texts, TV against its noise floor, and a Bonferroni verdict over prompts.
+Where the servers return logprobs, a second check (``logprob_check``): the same token sequence must get
+the same summed logprobs in every sample and at a reference endpoint, else FAIL.
 Exit status: 0 pass, 1 FAIL, 2 bad input or an endpoint that cannot be used (one line), 3 inconclusive.
 The method, its thresholds and the sample sizes that catch planted verifier bugs: docs/auditing.md.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,6 +55,7 @@ REFERENCE_STREAM = 1 << 20  # the reference's seeds: SeedSequence([seed, REFEREN
 SEED_MODULUS = 1 << 63  # seeds sent in [0, 2^63): within every server's range, and seed + choice too
 RETRY_STATUS = (429, 502, 503, 504)
 EXIT_CODES = {"pass": 0, "FAIL": 1, "inconclusive": 3}
+LOGPROB_TOLERANCE = 0.05  # nats: the most a token sequence's summed logprobs may differ between reports
 
 
 # ---- talking to a server ------------------------------------------------------------------------------
@@ -76,6 +80,10 @@ class Endpoint:
     timeout: float = 120.0
     retries: int = 3
     ignore_eos: bool = True  # send ``ignore_eos: true`` (settled by ``settle_ignore_eos``)
+    logprobs: bool = False  # ask for each token's logprob (settled by ``settle_logprobs``)
+    # (prompt, tokens) -> the summed token logprobs the server reported for each sample of those tokens
+    reported: dict = field(default_factory=dict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def call(self, route: str, body: dict | None = None) -> dict:
         """GET (no body) or POST JSON to {url}/v1/{route}; HTTP errors become one-line VerispecErrors,
@@ -133,7 +141,10 @@ class Endpoint:
                 body[name] = getattr(sampling, name)
         if self.ignore_eos:
             body["ignore_eos"] = True
-        if isinstance(prompt, str) and prompt.startswith(CHAT_PREFIX):
+        chat = isinstance(prompt, str) and prompt.startswith(CHAT_PREFIX)
+        if self.logprobs:
+            body["logprobs"] = True if chat else 0  # each sampled token's logprob, no alternatives
+        if chat:
             body["messages"] = [{"role": "user", "content": prompt.removeprefix(CHAT_PREFIX)}]
             return "chat/completions", body
         body["prompt"] = prompt
@@ -152,7 +163,70 @@ class Endpoint:
             raise VerispecError(f"{self.url}/v1/{route} answered without choices: {json.dumps(answer)[:200]}") from None
         if len(out) != choices:
             raise VerispecError(f"{self.url}/v1/{route} returned {len(out)} choices for n = {choices}; use --choices 1")
+        if self.logprobs:
+            for choice in ordered:
+                found = _logprob_sum(choice, route.startswith("chat"))
+                if found is not None:
+                    with self._lock:
+                        self.reported.setdefault((json.dumps(prompt), found[0]), []).append(found[1])
         return out
+
+
+def _logprob_sum(choice: dict, chat: bool) -> tuple[tuple, float] | None:
+    """The tokens of one choice (as the server names them) and their summed logprobs; None where the
+    answer carries none. Keyed by tokens, not text: one text may come from several token sequences (a
+    special token that decodes to nothing, another segmentation), each with its own probability."""
+    try:
+        logprobs = choice.get("logprobs") or {}
+        if chat:
+            tokens = [entry["token"] for entry in logprobs["content"]]
+            values = [entry["logprob"] for entry in logprobs["content"]]
+        else:
+            tokens, values = logprobs["tokens"], logprobs["token_logprobs"]
+        if not values or len(tokens) != len(values) or not all(isinstance(v, (int, float)) for v in values):
+            return None
+        return tuple(str(t) for t in tokens), float(sum(values))
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def settle_logprobs(endpoint: Endpoint, mode: str, prompt, sampling: SamplingParams, tokens: int) -> str | None:
+    """Decide whether ``endpoint`` is asked for logprobs: "yes", "no", or "auto" (one probe request; a 400
+    naming logprobs, or an answer without them, turns it off). Returns a note when auto turned it off."""
+    endpoint.logprobs = mode != "no"
+    if mode != "auto":
+        return None
+    try:
+        endpoint.sample(prompt, sampling, tokens, seed=0)
+    except EndpointError as err:
+        if err.status == 400 and "logprob" in err.detail:
+            endpoint.logprobs = False
+            return f"{endpoint.url} refused logprobs: no logprob check"
+        raise
+    probed = bool(endpoint.reported)
+    endpoint.reported.clear()
+    if not probed:
+        endpoint.logprobs = False
+        return f"{endpoint.url} answered without logprobs: no logprob check"
+    return None
+
+
+def logprob_check(endpoint: Endpoint, reference=None, tolerance: float = LOGPROB_TOLERANCE) -> dict | None:
+    """The second check, where the servers report logprobs: the same tokens after the same prompt must carry
+    the same summed logprobs in every sample (``max_spread``) and, against a reference endpoint that
+    reports them too, the same as there (``max_difference``, over the token sequences both sampled),
+    within ``tolerance`` nats. A server whose reports do not fit its own samples or the reference's (logprobs
+    from another distribution than the one that decided the tokens) fails it. None: nothing reported."""
+    if not endpoint.reported:
+        return None
+    spread = max(max(values) - min(values) for values in endpoint.reported.values())
+    theirs = reference.reported if isinstance(reference, Endpoint) else {}
+    common = [key for key in endpoint.reported if key in theirs]
+    difference = max((abs(float(np.mean(endpoint.reported[key])) - float(np.mean(theirs[key]))) for key in common),
+                     default=None)
+    agree = spread <= tolerance and (difference is None or difference <= tolerance)
+    return {"sequences": len(endpoint.reported), "max_spread": spread, "common": len(common),
+            "max_difference": difference, "tolerance": tolerance, "agree": agree}
 
 
 class EndpointError(VerispecError):
@@ -285,7 +359,8 @@ class EndpointReport:
     sampling: SamplingParams
     prompts: list[PromptResult]
     notes: list[str] = field(default_factory=list)
-    reason: str | None = None  # why inconclusive
+    reason: str | None = None  # why inconclusive, or why FAIL when the logprob check failed
+    logprobs: dict | None = None  # logprob_check's result, where the servers reported logprobs
 
     @property
     def exit_code(self) -> int:
@@ -300,7 +375,7 @@ class EndpointReport:
                 "alpha": self.alpha, "samples": self.samples, "reference_samples": self.reference_samples,
                 "tokens": self.tokens, "seed": self.seed, "endpoint": self.endpoint, "reference": self.reference,
                 "sampling": sampling, "prompts": [p.as_dict() for p in self.prompts], "notes": self.notes,
-                "reason": self.reason}
+                "reason": self.reason, "logprobs": self.logprobs}
 
 
 Samples = list  # per prompt, (Counter of texts, Counter of finish reasons): what ``sample_prompts`` returns
@@ -325,7 +400,8 @@ def sample_prompts(source, prompts: Sequence[str | list[int]], sampling: Samplin
 def run_endpoint_audit(endpoint: Endpoint, reference, prompts: Sequence[str | list[int]], sampling: SamplingParams,
                        tokens: int, samples: int, reference_samples: int | None = None, seed: int = 0,
                        alpha: float = DEFAULT_ALPHA, concurrency: int = 8, choices: int = 1, progress: bool = False,
-                       notes: Sequence[str] = (), reference_info: dict | None = None) -> EndpointReport:
+                       notes: Sequence[str] = (), reference_info: dict | None = None,
+                       logprob_tolerance: float = LOGPROB_TOLERANCE) -> EndpointReport:
     """Audit ``endpoint`` against ``reference``: a second Endpoint, a function prompt -> Sampler (a local
     model), or what ``sample_prompts(..., reference=True)`` returned for these prompts (one reference sample
     shared by several audits)."""
@@ -349,6 +425,12 @@ def run_endpoint_audit(endpoint: Endpoint, reference, prompts: Sequence[str | li
                                     None if isinstance(prompt, str) else list(prompt), test,
                                     dict(finish), dict(ref_finish), top))
     verdict, p_value, reason = verdict_of([r.test for r in results], alpha)
+    check = logprob_check(endpoint, reference, logprob_tolerance)
+    if check is not None and not check["agree"]:
+        verdict, reason = "FAIL", (f"the logprobs disagree: a token sequence's summed logprobs differ by up to "
+                                   f"{check['max_spread']:.3g} between its samples and "
+                                   f"{check['max_difference'] or 0.0:.3g} from the reference's (tolerance "
+                                   f"{logprob_tolerance:g} nats)")
     notes = list(notes)
     for result in results:
         ours_stop, theirs_stop = result.finish.get("stop", 0), result.reference_finish.get("stop", 0)
@@ -361,7 +443,7 @@ def run_endpoint_audit(endpoint: Endpoint, reference, prompts: Sequence[str | li
     return EndpointReport(verdict, p_value, float(np.mean([r.test.tv for r in results])),
                           float(np.mean([r.test.noise_floor for r in results])), alpha, samples, reference_samples,
                           tokens, seed, {"url": endpoint.url, "model": endpoint.model}, reference_info, sampling,
-                          results, notes, reason)
+                          results, notes, reason, check)
 
 
 def format_report(report: EndpointReport) -> str:
@@ -380,10 +462,19 @@ def format_report(report: EndpointReport) -> str:
         lines.append(f"{label:<24} {t.distinct:>6} {t.cells:>6} {t.coverage:>8.2f} {t.tv:>7.4f} {t.noise_floor:>7.4f} "
                      f"{f'{t.chi_square:.1f}/{t.dof}':>13} {t.p_value:>9.3g}")
     lines += [f"note: {note}" for note in report.notes]
+    if report.logprobs is not None:
+        check = report.logprobs
+        against = (f", up to {check['max_difference']:.3g} from the reference's over {check['common']} sequences"
+                   if check["max_difference"] is not None else "")
+        lines.append(f"logprobs: {'agree' if check['agree'] else 'DISAGREE'} (a token sequence's summed logprobs vary "
+                     f"by up to {check['max_spread']:.3g} nats between its samples{against}; tolerance "
+                     f"{check['tolerance']:g})")
     tail = (f"p = {report.p_value:.3g} {'<' if report.verdict == 'FAIL' else '>='} alpha {report.alpha:g}, Bonferroni "
             f"over {len(report.prompts)} prompt(s); TV {report.tv:.4f} vs noise floor {report.noise_floor:.4f}")
     if report.verdict == "inconclusive":
         tail = f"{report.reason}; {tail}"
+    elif report.verdict == "FAIL" and report.reason:
+        tail = report.reason
     lines.append(f"verdict: {report.verdict}  ({tail})")
     return "\n".join(lines)
 
@@ -415,6 +506,13 @@ def add_options(parser) -> None:
                        help="continuations per request, OpenAI's n (default 1: one request, one seed each)")
     group.add_argument("--ignore-eos", choices=["auto", "yes", "no"], default="auto",
                        help="send ignore_eos: true (vLLM, verispec); auto drops it if the server refuses it")
+    group.add_argument("--logprobs", choices=["auto", "yes", "no"], default="auto",
+                       help="also ask for each token's logprob and check them (a token sequence's summed logprobs "
+                            "the same in every sample and at the reference, within --logprob-tolerance); auto: "
+                            "where the server returns them")
+    group.add_argument("--logprob-tolerance", type=float, default=LOGPROB_TOLERANCE, metavar="NATS",
+                       help=f"most a token sequence's summed logprobs may differ between reports (default "
+                            f"{LOGPROB_TOLERANCE})")
     group.add_argument("--request-timeout", type=float, default=120.0, metavar="S",
                        help="seconds per request (default 120)")
 
@@ -454,12 +552,16 @@ def run_endpoint_command(args) -> int:
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     endpoint = Endpoint(base_url(args.endpoint), args.model, api_key, args.request_timeout)
     endpoint.discover_model()
-    notes = [n for n in [settle_ignore_eos(endpoint, args.ignore_eos, prompts[0], sampling, tokens)] if n]
+    if not args.logprob_tolerance > 0:
+        raise VerispecError(f"--logprob-tolerance must be > 0, got {args.logprob_tolerance}")
+    notes = [n for n in [settle_ignore_eos(endpoint, args.ignore_eos, prompts[0], sampling, tokens),
+                         settle_logprobs(endpoint, args.logprobs, prompts[0], sampling, tokens)] if n]
     if args.reference is not None:
         reference = Endpoint(base_url(args.reference), args.reference_model, args.reference_api_key or api_key,
                              args.request_timeout)
         reference.discover_model()
-        notes += [n for n in [settle_ignore_eos(reference, args.ignore_eos, prompts[0], sampling, tokens)] if n]
+        notes += [n for n in [settle_ignore_eos(reference, args.ignore_eos, prompts[0], sampling, tokens),
+                              settle_logprobs(reference, args.logprobs, prompts[0], sampling, tokens)] if n]
         if reference.ignore_eos != endpoint.ignore_eos:
             raise VerispecError("one server accepts ignore_eos and the other does not, so their continuations "
                                 "would end differently: pass --ignore-eos no")
@@ -468,7 +570,7 @@ def run_endpoint_command(args) -> int:
         reference, info = _local_reference(args, sampling, tokens, endpoint.ignore_eos)
     report = run_endpoint_audit(endpoint, reference, prompts, sampling, tokens, samples, reference_samples,
                                 args.seed, args.alpha, args.concurrency, args.choices, progress=True, notes=notes,
-                                reference_info=info)
+                                reference_info=info, logprob_tolerance=args.logprob_tolerance)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return report.exit_code
 
