@@ -195,9 +195,10 @@ INLINE void weight_block(const float *x, const void *w, int wt, float *y, const 
  * loop). The values multiplied are the same (Q4_1 and Q8_0 dequantized exactly as in load_w_q4_1);
  * each output again has its own accumulator whose lanes sum k mod 16 in k order, reduced in one fixed
  * order, so a row's result does not depend on which other rows share the call. With 32 vector
- * registers a block holds up to 2 x 8 or 4 x 4 accumulators: 8 input rows share one dequantization
- * and one read of two weight rows. On CPUs that split 512-bit operations in two (AMD Zen 4) the FMA
- * rate equals AVX2's; the gain there is fewer instructions and loads per product. */
+ * registers a block holds up to 2 x 8 accumulators for GGUF blocks (8 input rows share one
+ * dequantization) and 4 x 6 for row formats (each input vector feeds 4 FMAs); see weight_block16. On
+ * CPUs that split 512-bit operations in two (AMD Zen 4) the FMA rate equals AVX2's; the gain there is
+ * fewer instructions and loads per product. */
 #ifndef VERISPEC_NO_AVX512
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
