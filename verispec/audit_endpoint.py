@@ -190,27 +190,6 @@ def _logprob_sum(choice: dict, chat: bool) -> tuple[tuple, float] | None:
         return None
 
 
-def settle_logprobs(endpoint: Endpoint, mode: str, prompt, sampling: SamplingParams, tokens: int) -> str | None:
-    """Decide whether ``endpoint`` is asked for logprobs: "yes", "no", or "auto" (one probe request; a 400
-    naming logprobs, or an answer without them, turns it off). Returns a note when auto turned it off."""
-    endpoint.logprobs = mode != "no"
-    if mode != "auto":
-        return None
-    try:
-        endpoint.sample(prompt, sampling, tokens, seed=0)
-    except EndpointError as err:
-        if err.status == 400 and "logprob" in err.detail:
-            endpoint.logprobs = False
-            return f"{endpoint.url} refused logprobs: no logprob check"
-        raise
-    probed = bool(endpoint.reported)
-    endpoint.reported.clear()
-    if not probed:
-        endpoint.logprobs = False
-        return f"{endpoint.url} answered without logprobs: no logprob check"
-    return None
-
-
 def logprob_check(endpoint: Endpoint, reference=None, tolerance: float = LOGPROB_TOLERANCE) -> dict | None:
     """The second check, where the servers report logprobs: the same tokens after the same prompt must carry
     the same summed logprobs in every sample (``max_spread``) and, against a reference endpoint that
@@ -248,19 +227,44 @@ def _error_detail(raw: bytes) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def settle_ignore_eos(endpoint: Endpoint, mode: str, prompt, sampling: SamplingParams, tokens: int) -> str | None:
-    """Decide whether ``endpoint`` gets ``ignore_eos``: "yes", "no", or "auto" (one probe request with it;
-    a 400 that names it turns it off). Returns a note when auto turned it off."""
-    endpoint.ignore_eos = mode != "no"
+def _settle(endpoint: Endpoint, option: str, mode: str, prompt, sampling: SamplingParams, tokens: int,
+            named: str) -> str:
+    """Set ``endpoint.<option>`` for ``mode``: "yes" and "no" as said ("set"); "auto" sends one probe
+    request with it on, and turns it off where the server answers 400 naming ``named`` ("refused"),
+    else keeps it ("accepted")."""
+    setattr(endpoint, option, mode != "no")
     if mode != "auto":
-        return None
+        return "set"
     try:
         endpoint.sample(prompt, sampling, tokens, seed=0)
     except EndpointError as err:
-        if err.status == 400 and "ignore_eos" in err.detail:
-            endpoint.ignore_eos = False
-            return f"{endpoint.url} refused ignore_eos: its continuations may end early at EOS"
+        if err.status == 400 and named in err.detail:
+            setattr(endpoint, option, False)
+            return "refused"
         raise
+    return "accepted"
+
+
+def settle_ignore_eos(endpoint: Endpoint, mode: str, prompt, sampling: SamplingParams, tokens: int) -> str | None:
+    """Decide whether ``endpoint`` gets ``ignore_eos`` ("yes", "no", or "auto": ``_settle``). Returns a note
+    when auto turned it off."""
+    if _settle(endpoint, "ignore_eos", mode, prompt, sampling, tokens, "ignore_eos") == "refused":
+        return f"{endpoint.url} refused ignore_eos: its continuations may end early at EOS"
+    return None
+
+
+def settle_logprobs(endpoint: Endpoint, mode: str, prompt, sampling: SamplingParams, tokens: int) -> str | None:
+    """Decide whether ``endpoint`` is asked for logprobs ("yes", "no", or "auto": ``_settle``; an answer
+    without them also turns auto off). Returns a note when auto turned it off."""
+    outcome = _settle(endpoint, "logprobs", mode, prompt, sampling, tokens, "logprob")
+    if outcome == "refused":
+        return f"{endpoint.url} refused logprobs: no logprob check"
+    if outcome == "accepted":
+        probed = bool(endpoint.reported)
+        endpoint.reported.clear()  # the probe is not a sample
+        if not probed:
+            endpoint.logprobs = False
+            return f"{endpoint.url} answered without logprobs: no logprob check"
     return None
 
 
