@@ -87,6 +87,18 @@ INLINE long row_bytes(int wt, long K) {
     return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : K / 32 * 34;
 }
 
+/* Where weight rows n0 .. n0 + NB - 1 start (rows >= N read row N - 1; int8 rows past their scale) and
+ * each row's scale (int8 rows: their own; other formats 1). Shared by block() and block16(). */
+INLINE void weight_rows(const void *w, int wt, long K, long N, long n0, const int NB, const char *rows[4],
+                        float scale[4]) {
+    const long stride = row_bytes(wt, K);
+    for (int a = 0; a < NB; a++) {
+        rows[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
+        scale[a] = 1.0f;
+        if (wt == 3) memcpy(&scale[a], rows[a] - 4, 4);
+    }
+}
+
 /* acc[a][b] += w lanes of row a * x lanes k .. k + 7 of input row b. */
 INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, long K, long k, const int MB,
                        const int NB) {
@@ -103,11 +115,11 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
                   long m0, const int MB, long n0, const int NB) {
     __m256 acc[4][8];
     const char *rows[4];
-    const long stride = row_bytes(wt, K), ahead = PREFETCH_ROWS * stride;
-    for (int a = 0; a < NB; a++) {
-        rows[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
+    float scale[4];
+    weight_rows(w, wt, K, N, n0, NB, rows, scale);
+    const long ahead = PREFETCH_ROWS * row_bytes(wt, K);
+    for (int a = 0; a < NB; a++)
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
-    }
     const float *xb = x + m0 * K;
     __m256 wv[4];
     if (wt == 5 || wt == 6) {
@@ -142,9 +154,6 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
             accumulate(acc, wv, xb, K, k, MB, NB);
         }
     }
-    float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if (wt == 3)
-        for (int a = 0; a < NB; a++) memcpy(&scale[a], rows[a] - 4, 4);
     for (int b = 0; b < MB; b++) {
         float *out = y + (m0 + b) * N;
         for (int a = 0; a < NB; a++)
@@ -263,11 +272,11 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
                        long m0, const int MB, long n0, const int NB) {
     __m512 acc[4][8];
     const char *rows[4];
-    const long stride = row_bytes(wt, K), ahead = PREFETCH_ROWS * stride;
-    for (int a = 0; a < NB; a++) {
-        rows[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
+    float scale[4];
+    weight_rows(w, wt, K, N, n0, NB, rows, scale);
+    const long ahead = PREFETCH_ROWS * row_bytes(wt, K);
+    for (int a = 0; a < NB; a++)
         for (int b = 0; b < MB; b++) acc[a][b] = _mm512_setzero_ps();
-    }
     const float *xb = x + m0 * K;
     __m512 wv[4];
     if (wt == 5 || wt == 6) {
@@ -294,9 +303,6 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
             accumulate16(acc, wv, xb, K, k, MB, NB);
         }
     }
-    float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if (wt == 3)
-        for (int a = 0; a < NB; a++) memcpy(&scale[a], rows[a] - 4, 4);
     float sums[32];  /* NB * MB <= 24: reduced 16 at a time, each accumulator by the same tree */
     for (int first = 0; first < NB * MB; first += 16) {
         __m512 all[16];
