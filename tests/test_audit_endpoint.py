@@ -5,7 +5,7 @@ pair built here: the target's LM head is scaled up for peaked next-token distrib
 is a noisy copy of the target (acceptance about 70%) whose logits carry a common offset of about 50
 (softmax ignores it, bfloat16 rounds it at a spacing of 0.25, as a real model's logits of that size).
 One server decodes plainly (the reference), one speculates correctly, three speculate with a planted
-verifier bug (``VERISPEC_FAULT``, see verispec/batch.py). Setting: prompt "Hello", n = 3 tokens,
+verifier bug (``VERISPEC_FAULT``, see verispec/batch/engine.py). Setting: prompt "Hello", n = 3 tokens,
 temperature 3, top-k 4 (the target's distribution over 3-token texts spans about 50 texts).
 
 At N = 2000 continuations from the audited server against N_ref = 4000 from the reference (the

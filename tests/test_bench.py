@@ -75,7 +75,7 @@ def test_matched_budget_is_verified_nodes():
     assert parse_variant("tree:dynamic:5", spec).matched_budget
     assert not parse_variant("tree:s3_k2_d6", spec).matched_budget
     assert not parse_variant("chain:6", spec).matched_budget
-    assert parse_variant("hf_assisted", spec).num_drafts == 4 and not parse_variant("tree:s3_k2_d5", spec).batchable
+    assert parse_variant("hf_assisted", spec).num_drafts == 4 and parse_variant("tree:s3_k2_d5", spec).batchable
 
 
 def test_self_variants_can_sweep_the_exit_layer():
@@ -96,7 +96,7 @@ def test_eagle_variants_name_the_head_and_its_shape():
     assert chain.needs_eagle and not chain.needs_draft and chain.batchable and chain.matched_budget
     tree = parse_variant("eagle-tree:dynamic:16", spec)
     assert (tree.spec.drafter, tree.spec.tree, tree.num_drafts) == ("eagle", "dynamic:16", 15)
-    assert not tree.batchable and not tree.matched_budget and parse_variant("eagle-tree:s2_k2_d5", spec).matched_budget
+    assert tree.batchable and not tree.matched_budget and parse_variant("eagle-tree:s2_k2_d5", spec).matched_budget
     with pytest.raises(VerispecError):
         parse_variant("eagle-tree", spec)
 
@@ -356,7 +356,7 @@ def test_every_variant_gets_the_same_prompts(quick_run):
                if r["variant"] == variant and r["load"] == "c1"}
         assert got == expected, variant
     batched = {r["variant"] for r in requests if r["load"] == "c2"}
-    assert batched == {"off", "chain", "ngram"}  # trees and the peer run one request at a time
+    assert batched == {"off", "chain", "tree:s2_k2_d5", "ngram"}  # every native variant batches; peers run alone
 
 
 def test_rows_hold_speculation_records_and_peer_ratios(quick_run):

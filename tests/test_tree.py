@@ -65,3 +65,13 @@ def test_a_root_alone_is_one_path():
 def test_a_parent_after_its_child_is_rejected(parents):
     with pytest.raises(AssertionError, match="parents must precede children"):
         TokenTree(parents=parents, tokens=list(range(len(parents))))
+
+
+def test_pruned_keeps_the_nodes_a_short_budget_can_commit():
+    probs = torch.eye(5)
+    tree = TokenTree(parents=[-1, 0, 0, 1, 3], tokens=[4, 1, 2, 3, 0], draft_probs=probs)
+    cut = tree.pruned(1)
+    assert (cut.parents, cut.tokens) == ([-1, 0, 0], [4, 1, 2]) and torch.equal(cut.draft_probs, probs[:3])
+    two = tree.pruned(2)
+    assert (two.parents, two.tokens) == ([-1, 0, 0, 1], [4, 1, 2, 3])
+    assert tree.pruned(3) is tree and tree.pruned(0).tokens == [4]

@@ -30,7 +30,7 @@ from verispec.guide import Guide, Rows, with_point_masses
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
 from verispec.stats import RequestStats, RoundRecord
 from verispec.stopping import Decode, apply_stop_rules
-from verispec.tree import TokenTree
+from verispec.tree import TokenTree, use_tree
 from verispec.verify.chain import ChainResult, verify_chain, verify_chain_greedy
 from verispec.verify.tree import TreeResult, verify_tree, verify_tree_greedy
 
@@ -157,11 +157,11 @@ class Generation:
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
-        elif self.spec.method == "tree" and self.spec.tree_shape.cache_positions <= self._cache_room():
+        elif self.spec.method == "tree" and use_tree(self.spec.tree_shape, self._cache_room()):
             # A tree's pass writes all its nodes to the cache; near the end of the context the round
             # drafts a chain of what is left instead, verified as exactly.
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
-                                            self.sampling, self.generator)
+                                            self.sampling, self.generator).capped(remaining)
         else:
             proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
         if self.guide is not None and proposal.tree is None:

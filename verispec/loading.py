@@ -388,7 +388,7 @@ def same_token_ids(first, second, vocab_size: int | None = None) -> bool:
 
 
 def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
-    _check_backend_supports(pair, spec)
+    check_backend_supports(pair, spec)
     drafter = None
     if spec.enabled and spec.drafter == "ngram":
         drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
@@ -409,7 +409,7 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
                       gamma_policy=policy)
 
 
-def _check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
+def check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
     """Refuse up front, from the models' declared ``Capabilities``, a method they cannot run (before any
     request runs)."""
     if not spec.enabled:

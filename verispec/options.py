@@ -31,8 +31,6 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                              "draft (LayerSkip self-speculation, no draft model); eagle: a feature head drafts "
                              "from the target's own hidden states (--eagle DIR, default the head shipped for "
                              "the named target), a chain or, with --tree, a static or dynamic tree")
-    parser.add_argument("--exit-layer", type=int, default=DEFAULTS.exit_layer,
-                        help=f"self: layers that draft (default {DEFAULTS.exit_layer})")
     parser.add_argument("--gamma", type=int, default=DEFAULTS.gamma,
                         help=f"chain drafts per round (default {DEFAULTS.gamma}; the maximum with --gamma-policy "
                              "adaptive|hf)")
@@ -42,6 +40,15 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                              "fully accepted round, -1 otherwise, up to --gamma); hf: transformers' +2 if all "
                              "accepted / -1 otherwise")
     parser.add_argument("--adaptive", action="store_true", help="the same as --gamma-policy adaptive (serve's spelling)")
+    add_shape_options(parser)
+    add_draft_options(parser)
+    parser.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
+
+
+def add_shape_options(parser: argparse.ArgumentParser) -> None:
+    """The options that shape a round beyond gamma: the tree, the exit layer, n-gram lengths, sibling mode."""
+    parser.add_argument("--exit-layer", type=int, default=DEFAULTS.exit_layer,
+                        help=f"self: layers that draft (default {DEFAULTS.exit_layer})")
     parser.add_argument("--tree", default=None,
                         help="tree shape: sN_kK_dD (N levels, top-K branching, D verified nodes incl. the "
                              f"root; s4_k1_d5 = chain gamma 4) or dynamic:D (EAGLE-2 style); default {DEFAULTS.tree}")
@@ -53,8 +60,6 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
                              "from q (SpecInfer), or without replacement (Sequoia); greedy always uses top-k")
-    add_draft_options(parser)
-    parser.add_argument("--no-spec", action="store_true", help="plain decoding with the target only")
 
 
 def add_draft_options(parser: argparse.ArgumentParser) -> None:

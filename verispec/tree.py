@@ -83,9 +83,26 @@ class TokenTree:
         walk(0, [0])
         return TreeBuffers(mask, torch.tensor(depths, dtype=torch.long), paths, kids)
 
+    def pruned(self, max_depth: int) -> "TokenTree":
+        """The nodes at depth <= ``max_depth`` (parent-first order kept): a round with fewer tokens left
+        to generate than the tree is deep verifies only what it could commit."""
+        depths = self.compile().depths.tolist()
+        keep = [node for node, depth in enumerate(depths) if depth <= max_depth]
+        if len(keep) == len(depths):
+            return self
+        index = {old: new for new, old in enumerate(keep)}
+        return TokenTree([-1] + [index[self.parents[node]] for node in keep[1:]], [self.tokens[node] for node in keep],
+                         None if self.draft_probs is None else self.draft_probs[keep])
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
         return path_nodes(self.parents, node)
+
+
+def use_tree(shape, room: int) -> bool:
+    """Whether a round drafts a tree of ``shape`` (a ``config.TreeShape``) with ``room`` cache positions
+    left: only if every node fits; otherwise the round drafts a chain of what is left, verified as exactly."""
+    return shape.cache_positions <= room
 
 
 def path_nodes(parents: list[int], node: int) -> list[int]:

@@ -148,8 +148,8 @@ class Variant:
 
     @property
     def batchable(self) -> bool:
-        spec = self.spec
-        return self.kind == "native" and (not spec.enabled or (spec.method == "chain" and spec.drafter in ("model", "ngram", "eagle")))
+        """Runs batched at concurrency > 1: every native variant (``BatchEngine`` runs every method)."""
+        return self.kind == "native"
 
     @property
     def needs_draft(self) -> bool:

@@ -2,7 +2,7 @@
 
 Concurrency 1 runs each request alone (``SpecEngine``: chains, trees, self-speculation; or the peer's
 ``generate``). Concurrency c > 1 runs ``BatchEngine`` with continuous batching: at most c requests in
-flight, the next joins as soon as one leaves; only batchable variants (off, chains) take part.
+flight, the next joins as soon as one leaves; every native variant takes part (peers run alone).
 
 Interleaving: the prompt list is cut into slices of c * slice_waves prompts (one prompt at c = 1) and
 every variant runs a slice before any variant runs the next one, in an order rotated per slice and
@@ -161,6 +161,9 @@ class NativeRunner:
         longest += self.variant.num_drafts + 1
         engine = self.batch_engines.get(concurrency)
         if engine is None or engine.max_len < longest:
+            if not self.pair.target.capabilities.batching:
+                raise VerispecError("concurrency > 1 batches requests with the native model (Llama, Qwen2, "
+                                    "Mistral); this target decodes one request at a time: use concurrency 1")
             max_len = min(self.pair.target.config.max_context, longest)
             engine = BatchEngine(self.pair.target, self.pair.draft, self.variant.spec, max_batch=concurrency,
                                  max_len=max_len, decode=self.decode, eagle=self.pair.eagle)

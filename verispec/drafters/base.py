@@ -37,6 +37,14 @@ class Proposal:
     def num_drafts(self) -> int:
         return int(self.tokens.shape[0])
 
+    def capped(self, remaining: int) -> "Proposal":
+        """A tree cut to the depth a request with ``remaining`` tokens to generate can commit (its
+        deepest accepted path plus one token); chains, and trees that fit, unchanged."""
+        if self.tree is None:
+            return self
+        tree = self.tree.pruned(max(0, remaining - 1))
+        return self if tree is self.tree else Proposal(torch.tensor(tree.tokens[1:], dtype=torch.long), None, tree)
+
 
 @dataclass(frozen=True)
 class DraftReads:

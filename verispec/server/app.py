@@ -40,7 +40,7 @@ from verispec.adaptive import AdaptiveGamma, FixedGamma
 from verispec.batch import BatchEngine, BatchEvent
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
-from verispec.loading import DEFAULT_TARGET, ModelPair
+from verispec.loading import DEFAULT_TARGET, ModelPair, check_backend_supports
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.logprobs import LogprobReport, TokenStrings
@@ -99,10 +99,12 @@ def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backe
 
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
-                       profile: dict | None = None, trace_rounds: str | None = None) -> BatchEngine:
+                       profile: dict | None = None, trace_rounds: str | None = None,
+                       make_drafter=None) -> BatchEngine:
     """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1.
     ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
-    (``verispec.policy_trace``)."""
+    (``verispec.policy_trace``). ``make_drafter``: builds a drafter of your own per running request
+    (``BatchEngine``)."""
     if pair.bridge is not None and spec.enabled and spec.drafter == "model":
         raise VerispecError("the server's draft must use the target's tokenizer (a draft with another tokenizer "
                             "drafts in generate, audit and bench)")
@@ -116,6 +118,7 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
             profiler.seed_policy(policy, profile)
         except (ValueError, KeyError) as err:
             raise VerispecError(f"--profile cannot seed the policy: {err}") from None
+    check_backend_supports(pair, spec)
     if not all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
         raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
                             "transformers adapter (--backend hf, other architectures) and the compressed-attention "
@@ -129,14 +132,15 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        max_len=min(config.max_model_len, pair.target.config.max_context),
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
-                       gamma_policy=policy, eagle=pair.eagle, logprobs_mode=config.logprobs_mode)
+                       gamma_policy=policy, eagle=pair.eagle, logprobs_mode=config.logprobs_mode,
+                       make_drafter=make_drafter)
 
 
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
                adaptive: bool = False, model_name: str | None = None, profile: dict | None = None,
-               trace_rounds: str | None = None) -> FastAPI:
+               trace_rounds: str | None = None, make_drafter=None) -> FastAPI:
     model_name = model_name or default_model_name(pair)
-    engine = build_batch_engine(pair, spec, config, adaptive, profile, trace_rounds)
+    engine = build_batch_engine(pair, spec, config, adaptive, profile, trace_rounds, make_drafter)
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, config, metrics)
     builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)

@@ -13,7 +13,7 @@ from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.server.scheduler import ServerConfig
 
-METHODS = ("model", "chain", "ngram", "eagle", "none")  # model and chain: the draft model's chain
+METHODS = ("model", "chain", "tree", "ngram", "self", "eagle", "none")  # as generate's --method, and none
 
 
 def add_parser(commands) -> None:
@@ -28,10 +28,13 @@ def add_parser(commands) -> None:
     add_model_options(serve)
     add_threads_option(serve)
     serve.add_argument("--method", choices=METHODS, default="model",
-                       help="model (default; chain is the same): the draft model proposes --gamma tokens per round, "
-                            "a chain; ngram: continuations "
-                            "found earlier in the context (no draft model); eagle: the target's feature head "
-                            "(--eagle DIR, default the head shipped for the named target), a chain; none: plain decoding")
+                       help="model (default): the draft model proposes a chain of --gamma tokens, or with --tree "
+                            "a candidate tree (chain and tree name those two); ngram: continuations found earlier "
+                            "in the context (no draft model; a chain, or a tree with --tree); self: the target's "
+                            "first --exit-layer layers draft; eagle: the target's feature head (--eagle DIR, "
+                            "default the head shipped for the named target), a chain or with --tree a tree; "
+                            "none: plain decoding. Every method is batched: one target pass verifies every "
+                            "running request's chain or tree")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every request but /health (default: the "
                             "VERISPEC_API_KEY environment variable; unset: no key)")
@@ -49,8 +52,9 @@ def add_parser(commands) -> None:
                             "otherwise, up to --gamma)")
     serve.add_argument("--gamma-policy", choices=("fixed", "adaptive"), default=None,
                        help="generate's spelling: adaptive is --adaptive, fixed (the default) always --gamma")
-    from verispec.options import add_draft_options
+    from verispec.options import add_draft_options, add_shape_options
 
+    add_shape_options(serve)
     add_draft_options(serve)
     serve.add_argument("--profile", metavar="JSON",
                        help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
@@ -112,11 +116,15 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         args.method = "none"
     if args.method == "none":
         if args.adaptive:
-            raise VerispecError("--adaptive chooses how many drafts to verify; it needs --method chain or ngram")
+            raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
         spec = SpecConfig(method="none")
     else:
-        spec = SpecConfig(method="chain", gamma=args.gamma,
-                          drafter={"ngram": "ngram", "eagle": "eagle"}.get(args.method, "model"))
+        from verispec.options import spec_from_args
+
+        if args.adaptive and (args.method == "tree" or args.tree):
+            raise VerispecError("--adaptive chooses a chain's length; a tree drafts its shape (drop --adaptive or --tree)")
+        args.gamma_policy = "adaptive" if args.adaptive else "fixed"
+        spec = spec_from_args(args)
     if args.max_body_bytes < 1024:
         raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY") or None
