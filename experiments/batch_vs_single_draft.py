@@ -21,10 +21,10 @@ for mb in (1, 64):
         while eng.active: eng.step()
     # per-round split from stats? time directly
     t=[];
-    orig = eng._propose
-    def prop(n):
-        a=time.perf_counter(); r=orig(n); t.append(time.perf_counter()-a); return r
-    eng._propose = prop
+    orig = eng.draft.propose
+    def prop(rows, n):
+        a=time.perf_counter(); r=orig(rows, n); t.append(time.perf_counter()-a); return r
+    eng.draft.propose = prop
     for i, p in enumerate(ev):
         eng.add(BatchRequest(str(i), p, SamplingParams(temperature=0), StopRules(max_tokens=64, ignore_eos=True)))
         while eng.active: eng.step()

@@ -49,10 +49,10 @@ if args.gamma0:
                                     max_batch=64, max_len=1024, gamma_policy=FixedGamma(0))
 reads = {"s": 0.0}
 adaptive = engines["adaptive"]
-original = adaptive._catch_up_alone
-def timed():
-    prompts_s, prompts, total_s, tokens = original(); reads["s"] += total_s; return prompts_s, prompts, total_s, tokens
-adaptive._catch_up_alone = timed
+original = adaptive.draft.catch_up_alone
+def timed(rows):
+    prompts_s, prompts, total_s, tokens = original(rows); reads["s"] += total_s; return prompts_s, prompts, total_s, tokens
+adaptive.draft.catch_up_alone = timed
 ran = []  # (bucket, gamma) per round the adaptive policy observed
 policy_observe = adaptive.gamma_policy.observe
 def observe(batch_size, gamma, *rest):

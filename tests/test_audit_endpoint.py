@@ -303,12 +303,14 @@ def test_logprob_check_fails_reports_that_do_not_fit_the_samples(servers, monkey
     honest = run_endpoint_audit(with_logprobs(servers["correct"]), with_logprobs(servers["reference"], KEY), [PROMPT],
                                 SAMPLING, TOKENS, 300, **options)
     assert honest.verdict == "pass" and honest.logprobs["agree"], honest.logprobs
-    real, noise = audit_endpoint._logprob_sum, random.Random(0)
+    from verispec import audit_endpoint_client
+
+    real, noise = audit_endpoint_client._logprob_sum, random.Random(0)
 
     def jittered(choice, chat):
         found = real(choice, chat)
         return None if found is None else (found[0], found[1] + noise.uniform(0.0, 0.5))
-    monkeypatch.setattr(audit_endpoint, "_logprob_sum", jittered)
+    monkeypatch.setattr(audit_endpoint_client, "_logprob_sum", jittered)
     report = run_endpoint_audit(with_logprobs(servers["correct"]), with_logprobs(servers["reference"], KEY), [PROMPT],
                                 SAMPLING, TOKENS, 300, **options)
     assert report.verdict == "FAIL" and report.exit_code == 1 and not report.logprobs["agree"]

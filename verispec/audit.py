@@ -51,6 +51,9 @@ Exit status: 0 pass, 1 FAIL, 2 bad input (one-line message).
 
 ``--endpoint URL`` audits a running OpenAI-compatible server instead, as a black box against a second
 endpoint or a local model (two-sample test over texts; exit 3 when inconclusive): verispec/audit_endpoint.py.
+
+This module samples, scores and runs the command; the statistics are in verispec/audit_stats.py, the
+config and report types and the text report in verispec/audit_report.py (both re-exported here).
 """
 
 from __future__ import annotations
@@ -60,18 +63,19 @@ import json
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+# the config, report and statistics names are re-exported: verispec.audit is their public path
+from verispec.audit_report import (DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_TOKENS, MAX_TOKENS,  # noqa: F401
+                                   MIN_SAMPLES, AuditConfig, AuditReport, PromptAudit, format_report,
+                                   prompt_label)
+from verispec.audit_stats import (MIN_EXPECTED_COUNT, Fit, binomial_mean_abs_deviation,  # noqa: F401
+                                  chi_square_pvalue, goodness_of_fit, pearson_with_rest)
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.errors import VerispecError
 
-MIN_EXPECTED_COUNT = 5.0
-MIN_SAMPLES, MAX_TOKENS = 50, 8
-DEFAULT_ALPHA = 1e-3
-DEFAULT_SAMPLES, DEFAULT_TOKENS = 1000, 4
 THOROUGH_SAMPLES = 10_000
 CHAT_PREFIX = "chat: "  # a built-in prompt sent as a user message through the target's chat template
 BUILTIN_PROMPTS = (
@@ -81,86 +85,6 @@ BUILTIN_PROMPTS = (
     "one two three one two three one two",
 )
 LOGITS_PER_FORWARD = 1 << 24  # teacher-forcing chunk size: rows * positions * vocabulary floats
-
-
-@dataclass(frozen=True)
-class AuditConfig:
-    """n tokens per continuation, N samples per prompt, the base seed, the significance level."""
-
-    tokens: int = DEFAULT_TOKENS
-    samples: int = DEFAULT_SAMPLES
-    seed: int = 0
-    alpha: float = DEFAULT_ALPHA
-
-    def __post_init__(self):
-        if not 1 <= self.tokens <= MAX_TOKENS:
-            raise VerispecError(f"--tokens must be in 1..{MAX_TOKENS} (the audit scores every sequence of that "
-                                f"length exactly), got {self.tokens}")
-        if self.samples < MIN_SAMPLES:
-            raise VerispecError(f"--samples must be >= {MIN_SAMPLES} for a meaningful test, got {self.samples}")
-        if not 0 < self.alpha < 1:
-            raise VerispecError(f"--alpha must be in (0, 1), got {self.alpha}")
-        if self.seed < 0:
-            raise VerispecError(f"--seed must be >= 0 for an audit, got {self.seed}")
-
-
-@dataclass(frozen=True)
-class Fit:
-    """How well counts of sequences follow their exact probabilities (see the module docstring)."""
-
-    samples: int
-    distinct: int  # distinct sequences observed
-    tv: float
-    noise_floor: float
-    chi_square: float
-    dof: int
-    p_value: float
-    unseen_mass: float
-    impossible: int  # samples of sequences the target gives probability 0
-
-
-@dataclass
-class PromptAudit:
-    prompt_ids: list[int]
-    fit: Fit
-    drafted: int  # draft positions verified, summed over all samples
-    accepted: int
-    prompt_text: str | None = None
-
-    def as_dict(self) -> dict:
-        return {"prompt": self.prompt_text, "prompt_ids": self.prompt_ids, **asdict(self.fit),
-                "drafted": self.drafted, "accepted": self.accepted}
-
-
-@dataclass
-class AuditReport:
-    verdict: str  # "pass" or "FAIL"
-    p_value: float  # Bonferroni-combined over prompts
-    tv: float  # mean over prompts
-    noise_floor: float  # mean over prompts
-    audit: AuditConfig
-    sampling: SamplingParams
-    spec: SpecConfig
-    prompts: list[PromptAudit]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
-
-    def as_dict(self) -> dict:
-        spec = {k: v for k, v in asdict(self.spec).items() if k != "extra"}
-        guide = self.sampling.guide
-        sampling = {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k,
-                    "top_p": self.sampling.top_p, "min_p": self.sampling.min_p,
-                    "presence_penalty": self.sampling.presence_penalty,
-                    "frequency_penalty": self.sampling.frequency_penalty,
-                    "repetition_penalty": self.sampling.repetition_penalty,
-                    "grammar": None if guide is None else {"kind": guide.spec.kind, "source": guide.spec.source}}
-        return {"verdict": self.verdict, "p_value": self.p_value, "tv": self.tv, "noise_floor": self.noise_floor,
-                "alpha": self.audit.alpha, "samples": self.audit.samples, "tokens": self.audit.tokens,
-                "seed": self.audit.seed, "config": {"sampling": sampling, "spec": spec},
-                "prompts": [p.as_dict() for p in self.prompts], "notes": self.notes}
 
 
 # ---- the audit ---------------------------------------------------------------------------------------
@@ -276,69 +200,6 @@ def _device_of(model):
     return device if device is not None else next(model.parameters()).device
 
 
-# ---- statistics (pure) -----------------------------------------------------------------------------
-
-
-def goodness_of_fit(counts: dict, probs: dict) -> Fit:
-    """Chi-square, TV and noise floor of observed ``counts`` against exact ``probs`` (same keys)."""
-    samples = sum(counts.values())
-    cells = [(min(1.0, max(0.0, probs[key])), count) for key, count in counts.items()]
-    unseen = max(0.0, 1.0 - sum(p for p, _ in cells))
-    tv = 0.5 * (sum(abs(count / samples - p) for p, count in cells) + unseen)
-    floor = 0.5 * sum(binomial_mean_abs_deviation(samples, p) for p, _ in cells) / samples + unseen
-    impossible = sum(count for p, count in cells if p == 0)
-    if impossible:
-        return Fit(samples, len(cells), tv, floor, math.inf, 0, 0.0, unseen, impossible)
-    statistic, dof = pearson_with_rest(cells, samples)
-    return Fit(samples, len(cells), tv, floor, statistic, dof, chi_square_pvalue(statistic, dof), unseen, 0)
-
-
-def pearson_with_rest(cells: list[tuple[float, int]], samples: int) -> tuple[float, int]:
-    """X^2 and dof over cells (p, count) with expected count >= 5, plus a pooled rest cell."""
-    big = sorted((c for c in cells if c[0] * samples >= MIN_EXPECTED_COUNT), reverse=True)
-    rest_expected = samples * max(0.0, 1.0 - sum(p for p, _ in big))
-    rest_observed = samples - sum(count for _, count in big)
-    while big and rest_expected < MIN_EXPECTED_COUNT:  # keep the approximation valid for the rest cell
-        p, count = big.pop()
-        rest_expected += samples * p
-        rest_observed += count
-    statistic = sum((count - samples * p) ** 2 / (samples * p) for p, count in big)
-    statistic += (rest_observed - rest_expected) ** 2 / rest_expected if rest_expected > 0 else 0.0
-    return statistic, len(big)  # cells - 1: the big ones plus the rest
-
-
-def chi_square_pvalue(statistic: float, dof: int) -> float:
-    """P(chi2_dof >= statistic), the regularised upper incomplete gamma Q(dof/2, statistic/2).
-
-    Closed forms for integer dof (y = statistic / 2): even dof = 2m: e^-y sum_{j<m} y^j / j!;
-    odd dof = 2m + 1: erfc(sqrt y) + e^-y sum_{j<m} y^(j+1/2) / Gamma(j + 3/2). Terms are positive, so
-    the sum has no cancellation; each is formed in log space so large y cannot overflow.
-    """
-    if dof <= 0 or statistic <= 0:
-        return 1.0
-    if math.isinf(statistic):
-        return 0.0
-    y = statistic / 2
-    half, offset = divmod(dof, 2)
-    shift = 0.5 if offset else 0.0
-    total = sum(math.exp((j + shift) * math.log(y) - y - math.lgamma(j + shift + 1)) for j in range(half))
-    if offset:
-        total += math.erfc(math.sqrt(y))
-    return min(1.0, total)
-
-
-def binomial_mean_abs_deviation(n: int, p: float) -> float:
-    """E|X - n p| for X ~ Binomial(n, p), de Moivre: 2 v C(n, v) p^v (1 - p)^(n - v + 1), v = floor(n p) + 1."""
-    if p <= 0 or p >= 1:
-        return 0.0
-    v = math.floor(n * p) + 1
-    if v > n:
-        return 0.0
-    log_value = (math.log(2 * v) + math.lgamma(n + 1) - math.lgamma(v + 1) - math.lgamma(n - v + 1)
-                 + v * math.log(p) + (n - v + 1) * math.log1p(-p))
-    return math.exp(log_value)
-
-
 # ---- command line ------------------------------------------------------------------------------------
 
 
@@ -425,32 +286,3 @@ def _parse_ids(text: str) -> list[int]:
     if not ids:
         raise VerispecError("--prompt-ids is empty; give at least one token id")
     return ids
-
-
-def prompt_label(text: str | None, ids: list[int] | None) -> str:
-    """A prompt as a report's first column: its text (or ids), cut to 24 characters."""
-    label = repr(text) if text is not None else str(ids)
-    return label if len(label) <= 24 else label[:21] + "..."
-
-
-def format_report(report: AuditReport) -> str:
-    sampling, spec, audit = report.sampling, report.spec, report.audit
-    method = spec.method if spec.drafter == "model" or not spec.enabled else f"{spec.method} ({spec.drafter})"
-    lines = [f"audit: {method}, temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
-             f"top-p {sampling.top_p:g}, min-p {sampling.min_p:g}; n = {audit.tokens} tokens, "
-             f"N = {audit.samples} per prompt, seed {audit.seed}"
-             + ("" if sampling.guide is None else f"; under a {sampling.guide.spec.kind.replace('_', ' ')}"),
-             f"{'prompt':<24} {'distinct':>8} {'unseen':>7} {'TV':>7} {'floor':>7} {'chi2/dof':>13} "
-             f"{'p-value':>9} {'accepted/drafted':>17}"]
-    for item in report.prompts:
-        fit = item.fit
-        label = prompt_label(item.prompt_text, item.prompt_ids)
-        chi = f"{fit.chi_square:.1f}/{fit.dof}"
-        lines.append(f"{label:<24} {fit.distinct:>8} {fit.unseen_mass:>7.4f} {fit.tv:>7.4f} {fit.noise_floor:>7.4f} "
-                     f"{chi:>13} {fit.p_value:>9.3g} {f'{item.accepted}/{item.drafted}':>17}")
-    lines += [f"note: {note}" for note in report.notes]
-    relation = ">=" if report.passed else "<"
-    lines.append(f"verdict: {report.verdict}  (p = {report.p_value:.3g} {relation} alpha {audit.alpha:g}, "
-                 f"Bonferroni over {len(report.prompts)} prompt(s); TV {report.tv:.4f} vs noise floor "
-                 f"{report.noise_floor:.4f})")
-    return "\n".join(lines)

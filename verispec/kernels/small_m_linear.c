@@ -87,16 +87,30 @@ INLINE long row_bytes(int wt, long K) {
     return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : K / 32 * 34;
 }
 
-/* Where weight rows n0 .. n0 + NB - 1 start (rows >= N read row N - 1; int8 rows past their scale) and
- * each row's scale (int8 rows: their own; other formats 1). Shared by block() and block16(). */
-INLINE void weight_rows(const void *w, int wt, long K, long N, long n0, const int NB, const char *rows[4],
-                        float scale[4]) {
+/* The weight rows n0 .. n0 + NB - 1 a block reads (rows >= N read row N - 1): where each starts (int8
+ * rows past their scale), its scale (int8 rows: their own; other formats 1) and the prefetch distance,
+ * PREFETCH_ROWS rows in bytes. Made by weight_rows; shared by block() and block16(). */
+typedef struct {
+    const char *start[4];
+    float scale[4];
+    long ahead;
+} WeightRows;
+
+INLINE WeightRows weight_rows(const void *w, int wt, long K, long N, long n0, const int NB) {
+    WeightRows rows;
     const long stride = row_bytes(wt, K);
+    rows.ahead = PREFETCH_ROWS * stride;
     for (int a = 0; a < NB; a++) {
-        rows[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
-        scale[a] = 1.0f;
-        if (wt == 3) memcpy(&scale[a], rows[a] - 4, 4);
+        rows.start[a] = (const char *)w + (n0 + a < N ? n0 + a : N - 1) * stride + (wt == 3 ? 4 : 0);
+        rows.scale[a] = 1.0f;
+        if (wt == 3) memcpy(&rows.scale[a], rows.start[a] - 4, 4);
     }
+    return rows;
+}
+
+/* Byte ``offset`` of each of the NB rows, PREFETCH_ROWS rows ahead, into L2. */
+INLINE void prefetch_rows(const WeightRows *rows, const int NB, long offset) {
+    for (int a = 0; a < NB; a++) _mm_prefetch(rows->start[a] + rows->ahead + offset, _MM_HINT_T1);
 }
 
 /* acc[a][b] += w lanes of row a * x lanes k .. k + 7 of input row b. */
@@ -113,11 +127,8 @@ INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, lo
  * 6 Q8_0 blocks (see load_w_q4_1). Block weights are dequantized 8 lanes at a time, once for all MB rows. */
 INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
+    const WeightRows rows = weight_rows(w, wt, K, N, n0, NB);
     __m256 acc[4][8];
-    const char *rows[4];
-    float scale[4];
-    weight_rows(w, wt, K, N, n0, NB, rows, scale);
-    const long ahead = PREFETCH_ROWS * row_bytes(wt, K);
     for (int a = 0; a < NB; a++)
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     const float *xb = x + m0 * K;
@@ -129,14 +140,15 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
             /* The NB rows' blocks dequantized first, then multiplied: interleaving the two kept too many
              * registers live (spills; 1.3x the time at one row, 576 x 1536 Q4_1 on the Zen 3). */
             __m256 dequantized[4][4];
+            /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
+             * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
+             * Unconditional: a check for a new line cost as much as the repeats. */
+            prefetch_rows(&rows, NB, at + size - 1);
             for (int a = 0; a < NB; a++) {
-                /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a
-                 * block spans at most two lines, and the line of its first byte holds its predecessor's
-                 * last byte). Unconditional: a check for a new line cost as much as the repeats. */
-                _mm_prefetch(rows[a] + ahead + at + size - 1, _MM_HINT_T1);
+                const char *gguf_block = rows.start[a] + at;
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++)
-                    dequantized[a][g] = wt == 5 ? load_w_q4_1(rows[a] + at, g) : load_w_q8_0(rows[a] + at, g);
+                    dequantized[a][g] = wt == 5 ? load_w_q4_1(gguf_block, g) : load_w_q8_0(gguf_block, g);
             }
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
@@ -147,17 +159,18 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
     } else {
         const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
         for (long k = 0; k < K; k += 8) {
-            if (((k * esize) & 63) == 0)  /* once per cache line: the same line of rows PREFETCH_ROWS ahead */
-                for (int a = 0; a < NB; a++) _mm_prefetch(rows[a] + ahead + k * esize, _MM_HINT_T1);
-            for (int a = 0; a < NB; a++)
-                wv[a] = wt == 1 ? load_w_bf16(rows[a], k) : wt == 3 ? load_w_i8(rows[a], k) : load_w_f32(rows[a], k);
+            if (((k * esize) & 63) == 0) prefetch_rows(&rows, NB, k * esize);  /* once per cache line */
+            for (int a = 0; a < NB; a++) {
+                const char *row = rows.start[a];
+                wv[a] = wt == 1 ? load_w_bf16(row, k) : wt == 3 ? load_w_i8(row, k) : load_w_f32(row, k);
+            }
             accumulate(acc, wv, xb, K, k, MB, NB);
         }
     }
     for (int b = 0; b < MB; b++) {
         float *out = y + (m0 + b) * N;
         for (int a = 0; a < NB; a++)
-            if (n0 + a < N) out[n0 + a] = hsum(acc[a][b]) * scale[a] + (bias ? bias[n0 + a] : 0.0f);
+            if (n0 + a < N) out[n0 + a] = hsum(acc[a][b]) * rows.scale[a] + (bias ? bias[n0 + a] : 0.0f);
     }
 }
 
@@ -270,11 +283,8 @@ INLINE512 __m512 reduce16(const __m512 v[16]) {
  * (NB * MB <= 24). */
 INLINE512 void block16(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                        long m0, const int MB, long n0, const int NB) {
+    const WeightRows rows = weight_rows(w, wt, K, N, n0, NB);
     __m512 acc[4][8];
-    const char *rows[4];
-    float scale[4];
-    weight_rows(w, wt, K, N, n0, NB, rows, scale);
-    const long ahead = PREFETCH_ROWS * row_bytes(wt, K);
     for (int a = 0; a < NB; a++)
         for (int b = 0; b < MB; b++) acc[a][b] = _mm512_setzero_ps();
     const float *xb = x + m0 * K;
@@ -284,10 +294,10 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
         for (long k = 0; k < K; k += 32) {
             const long at = k / 32 * size;
             __m512 dequantized[4][2];
+            prefetch_rows(&rows, NB, at + size - 1);  /* as in block() */
             for (int a = 0; a < NB; a++) {
-                _mm_prefetch(rows[a] + ahead + at + size - 1, _MM_HINT_T1);
-                if (wt == 5) load16_q4_1(rows[a] + at, dequantized[a]);
-                else load16_q8_0(rows[a] + at, dequantized[a]);
+                if (wt == 5) load16_q4_1(rows.start[a] + at, dequantized[a]);
+                else load16_q8_0(rows.start[a] + at, dequantized[a]);
             }
             for (int g = 0; g < 2; g++) {
                 for (int a = 0; a < NB; a++) wv[a] = dequantized[a][g];
@@ -297,9 +307,8 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
     } else {
         const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
         for (long k = 0; k < K; k += 16) {
-            if (((k * esize) & 63) == 0)
-                for (int a = 0; a < NB; a++) _mm_prefetch(rows[a] + ahead + k * esize, _MM_HINT_T1);
-            for (int a = 0; a < NB; a++) wv[a] = load16_w(rows[a], wt, k);
+            if (((k * esize) & 63) == 0) prefetch_rows(&rows, NB, k * esize);
+            for (int a = 0; a < NB; a++) wv[a] = load16_w(rows.start[a], wt, k);
             accumulate16(acc, wv, xb, K, k, MB, NB);
         }
     }
@@ -314,7 +323,7 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
         float *out = y + (m0 + b) * N;
         for (int a = 0; a < NB; a++) {
             const int j = a * MB + b, at = j / 16 * 16 + 4 * (j % 4) + j % 16 / 4;
-            if (n0 + a < N) out[n0 + a] = sums[at] * scale[a] + (bias ? bias[n0 + a] : 0.0f);
+            if (n0 + a < N) out[n0 + a] = sums[at] * rows.scale[a] + (bias ? bias[n0 + a] : 0.0f);
         }
     }
 }

@@ -26,290 +26,35 @@ when the path already sits in place, as in a chain), append its completed rows, 
 The full per-position history is kept (a deployment would keep a ring of ``window`` raw entries) so that
 ``set_length`` can roll back to any prefix, which the draft-model protocol needs.
 
+The config is ``compressed_config``, the state ``compressed_state``, the layers ``compressed_layers``;
+their names stay importable from this module.
+
 Shape letters as in docs/architecture.md; C hidden size, T new nodes (flattened tree), Nb / Nh new CSA / HCA rows.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from verispec.errors import CheckpointError, ContextError
 from verispec.kernels import accelerate
-from verispec.models.llama import MLP, RMSNorm, load_state
+from verispec.models.checkpoint_io import load_all_weights, read_config_json, read_weights, write_checkpoint
+from verispec.models.compressed_config import MODEL_TYPE, CompressedConfig
+from verispec.models.compressed_layers import CompressedAttention, CompressedBackbone, CompressedLayer
+from verispec.models.compressed_state import CompressedState, Scratch
 from verispec.models.protocol import Capabilities
 from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
 
-MODEL_TYPE = "verispec_compressed"
+__all__ = [
+    "MODEL_TYPE", "CompressedAttention", "CompressedBackbone", "CompressedConfig", "CompressedForCausalLM",
+    "CompressedLayer", "CompressedState", "Scratch", "load_checkpoint", "save_checkpoint",
+]
 
 
-@dataclass(frozen=True)
-class CompressedConfig:
-    vocab_size: int
-    hidden_size: int = 256
-    intermediate_size: int = 768
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    window: int = 16  # raw positions a query sees, itself included
-    block: int = 4  # CSA: tokens merged into one entry
-    hca_block: int = 0  # HCA: tokens merged into one entry; 0 = no HCA level
-    max_position_embeddings: int = 1024
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True
-    mlp_bias: bool = False
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    model_type: str = MODEL_TYPE
-    extra: dict = field(default_factory=dict, compare=False)
-
-    def __post_init__(self):
-        if self.block < 1 or self.window < 1 or self.hca_block < 0:
-            raise CheckpointError(f"compressed model needs block >= 1, window >= 1, hca_block >= 0 "
-                                  f"(got {self.block}, {self.window}, {self.hca_block})")
-        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
-            raise CheckpointError("hidden_size must divide by num_attention_heads, and heads by key/value heads")
-
-    # The names the engine and loaders read on any target.
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def dim_per_head(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def max_context(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def eos_ids(self) -> list[int]:
-        if self.eos_token_id is None:
-            return []
-        return list(self.eos_token_id) if isinstance(self.eos_token_id, list) else [self.eos_token_id]
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out.pop("extra")
-        out["architectures"] = ["VerispecCompressedForCausalLM"]
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "CompressedConfig":
-        if raw.get("model_type") != MODEL_TYPE:
-            raise CheckpointError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
-        names = set(cls.__dataclass_fields__) - {"extra"}
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "window", "block", "hca_block", "max_position_embeddings"):
-            value, least = raw.get(key, 1), 0 if key == "hca_block" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                kind = "non-negative" if least == 0 else "positive"
-                raise CheckpointError(f"config.json: {key} must be a {kind} integer, got {value!r}")
-        try:
-            return cls(**{k: v for k, v in raw.items() if k in names})
-        except TypeError as err:
-            raise CheckpointError(f"compressed-model config.json is incomplete: {err}") from None
-
-
-# ---- state ----------------------------------------------------------------------------------------------
-
-@dataclass
-class Scratch:
-    """What one forward pass computed but did not commit: per-node scratch pads."""
-
-    base: int  # committed length when the pass ran
-    positions: list[int]  # (T,) position of each new node
-    parents: list[int]  # within the pass; -1 = child of the committed prefix
-    csa_nodes: list[int]  # nodes whose position completes a CSA block, one new row each
-    csa_keys: torch.Tensor  # (L, Hkv, Nb, D), keys already rotated
-    csa_values: torch.Tensor
-    hca_nodes: list[int]
-    hca_keys: torch.Tensor  # (L, Hkv, Nh, D)
-    hca_values: torch.Tensor
-
-
-class CompressedState:
-    """One sequence's committed compressed state; the cache-shaped object the engine drives.
-
-    The engine protocol of ``KVCache`` holds: ``lengths``, ``check_room``, ``commit(row, n)`` (the first n
-    nodes of the last pass, a chain, become committed), ``compact(row, slots)`` (a tree's accepted path,
-    given as absolute slots ``base + node``), ``set_length`` (roll back), ``reset``. Only one row."""
-
-    def __init__(self, config: CompressedConfig, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
-        layers, kv_heads, head_dim = config.num_hidden_layers, config.kv_heads, config.dim_per_head
-        self.config, self.max_len = config, max_len
-        self.keys = torch.zeros(layers, kv_heads, max_len, head_dim, dtype=dtype, device=device)  # (L, Hkv, S, D)
-        self.values = torch.zeros_like(self.keys)
-        self.inputs = torch.zeros(layers, max_len, config.hidden_size, dtype=dtype, device=device)  # (L, S, C)
-        self.csa_keys = torch.zeros(layers, kv_heads, max_len // config.block + 1, head_dim, dtype=dtype,
-                                    device=device)
-        self.csa_values = torch.zeros_like(self.csa_keys)
-        hca_rows = max_len // config.hca_block + 1 if config.hca_block else 0
-        self.hca_keys = torch.zeros(layers, kv_heads, hca_rows, head_dim, dtype=dtype, device=device)
-        self.hca_values = torch.zeros_like(self.hca_keys)
-        self.hca_sum = torch.zeros(layers, config.hidden_size, dtype=torch.float32, device=device)  # open HCA block
-        self.length = 0
-        self.pending: Scratch | None = None
-        self.refresh_count = 0  # refreshes run
-        self.materialised_count = 0  # of those, paths already in place (no raw KV moved)
-
-    @property
-    def lengths(self) -> list[int]:
-        return [self.length]
-
-    @property
-    def batch(self) -> int:
-        return 1
-
-    @property
-    def csa_rows(self) -> int:
-        return self.length // self.config.block
-
-    @property
-    def hca_rows(self) -> int:
-        return self.length // self.config.hca_block if self.config.hca_block else 0
-
-    def check_room(self, num_new: int) -> None:
-        if self.length + num_new > self.max_len:
-            raise ContextError(f"sequence would reach {self.length + num_new} positions but the state holds "
-                               f"{self.max_len}; shorten the prompt or lower max_tokens")
-
-    def reset(self) -> None:
-        self.length, self.pending = 0, None
-        self.hca_sum.zero_()
-
-    def commit(self, row: int, num_new: int) -> None:
-        """The first ``num_new`` nodes of the last pass (a causal chain from its first node) are accepted."""
-        self.refresh(list(range(num_new)))
-
-    def compact(self, row: int, source_slots: list[int]) -> None:
-        """Keep the tree path at absolute ``source_slots`` (``base + node``, root first)."""
-        self.refresh([slot - self.length for slot in source_slots])
-
-    def refresh(self, path: list[int]) -> None:
-        """Make the pass's nodes ``path`` (root-to-node order) the committed continuation: their raw KV and
-        inputs move to positions base.., their completed CSA/HCA rows are appended, the open HCA sum is
-        rebuilt. Everything else the pass computed is dropped."""
-        scratch, base = self.pending, self.length
-        if not path:
-            self.pending = None
-            return
-        if scratch is None or scratch.base != base:
-            raise RuntimeError("refresh without a forward pass over the current committed state")
-        for depth, node in enumerate(path):
-            expected_parent = path[depth - 1] if depth else -1
-            if scratch.positions[node] != base + depth or scratch.parents[node] != expected_parent:
-                raise RuntimeError(f"nodes {path} are not a root-to-node path of the last pass")
-        self.refresh_count += 1
-        if path == list(range(len(path))):
-            self.materialised_count += 1  # raw KV and inputs already sit at their positions
-        else:
-            source = torch.tensor(path, device=self.keys.device) + base
-            end = base + len(path)
-            self.keys[:, :, base:end] = self.keys[:, :, source]
-            self.values[:, :, base:end] = self.values[:, :, source]
-            self.inputs[:, base:end] = self.inputs[:, source]
-        on_path = set(path)
-        self._append_rows(scratch.csa_nodes, on_path, scratch.csa_keys, scratch.csa_values,
-                          self.csa_keys, self.csa_values, self.config.block)
-        if self.config.hca_block:
-            self._append_rows(scratch.hca_nodes, on_path, scratch.hca_keys, scratch.hca_values,
-                              self.hca_keys, self.hca_values, self.config.hca_block)
-        self.length = base + len(path)
-        self._rebuild_hca_sum(base)
-        self.pending = None
-
-    def set_length(self, row: int, length: int) -> None:
-        """Roll back to the first ``length`` committed positions (rows of blocks that end later go)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"a compressed state rolls back only: length {length} outside [0, {self.length}]")
-        self.length, self.pending = length, None
-        self._rebuild_hca_sum(None)
-
-    def _append_rows(self, nodes, on_path, new_keys, new_values, keys, values, block: int) -> None:
-        # Blocks the committed sequence gains; a correct pass has exactly one row per block on the path
-        # (the naive tree-mask-only model may have more or fewer, and commits whatever it has).
-        first_row = self.length // block
-        gained = (self.length + len(on_path)) // block - first_row
-        picked = [i for i, node in enumerate(nodes) if node in on_path][:gained]
-        if picked:  # path nodes complete blocks in position order, so their rows are contiguous
-            index = torch.tensor(picked, device=keys.device)
-            keys[:, :, first_row:first_row + len(picked)] = new_keys[:, :, index]
-            values[:, :, first_row:first_row + len(picked)] = new_values[:, :, index]
-
-    def _rebuild_hca_sum(self, previous_length: int | None) -> None:
-        """Sum of the layer inputs of the open HCA block; incremental when no block closed since
-        ``previous_length``."""
-        size = self.config.hca_block
-        if not size:
-            return
-        start = self.length - self.length % size
-        if previous_length is not None and start <= previous_length:
-            self.hca_sum += self.inputs[:, previous_length:self.length].float().sum(1)
-        else:
-            self.hca_sum = self.inputs[:, start:self.length].float().sum(1)
-
-
-# ---- the model ------------------------------------------------------------------------------------------
-
-class CompressedAttention(nn.Module):
-    def __init__(self, config: CompressedConfig):
-        super().__init__()
-        heads, kv_heads, head_dim = config.num_attention_heads, config.kv_heads, config.dim_per_head
-        hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        # One CSA entry's key and value from its block's concatenated inputs (m * C).
-        self.csa_proj = nn.Linear(config.block * hidden, 2 * kv_heads * head_dim, bias=False)
-        self.hca_proj = nn.Linear(hidden, 2 * kv_heads * head_dim, bias=False) if config.hca_block else None
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, T, D), k and v (B, Hkv, T, D), unrotated, from normed inputs x (B, T, C)."""
-        batch, num_new, _ = x.shape
-        q = self.q_proj(x).view(batch, num_new, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, num_new, self.kv_heads, self.head_dim).transpose(1, 2)
-        return q, k, v
-
-    def entries(self, proj: nn.Linear, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Compressed keys and values (B, Hkv, R, D) from pooled block inputs (B, R, m*C or C)."""
-        batch, rows, _ = pooled.shape
-        kv = proj(pooled).view(batch, rows, 2, self.kv_heads, self.head_dim)
-        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q (B, H, T, D) over keys/values (B, Hkv, S, D) with mask (T, S) or (B, 1, T, S) -> (B, T, C)."""
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        batch, _, num_new, _ = q.shape
-        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.heads * self.head_dim))
-
-
-class CompressedLayer(nn.Module):
-    def __init__(self, config: CompressedConfig):
-        super().__init__()
-        self.self_attn = CompressedAttention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
-class CompressedBackbone(nn.Module):
-    def __init__(self, config: CompressedConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(CompressedLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 @dataclass(frozen=True)
@@ -509,7 +254,8 @@ class CompressedForCausalLM(nn.Module):
             keys, values = [k, apply_rotary(csa_k, csa_cos, csa_sin)], [v, csa_v]
             if size:
                 count = len(hca_ends)
-                means = normed[:, :count * size].reshape(batch, count, size, config.hidden_size).float().sum(2).to(normed.dtype)
+                hca_blocks = normed[:, :count * size].reshape(batch, count, size, config.hidden_size)
+                means = hca_blocks.float().sum(2).to(normed.dtype)
                 hca_k, hca_v = attn.entries(attn.hca_proj, means / size)
                 keys.append(apply_rotary(hca_k, hca_cos, hca_sin))
                 values.append(hca_v)
@@ -527,50 +273,29 @@ def _parents(ancestors: torch.Tensor) -> list[int]:
     return index.max(1).values.tolist() if num_new else []
 
 
+
 # ---- checkpoints ----------------------------------------------------------------------------------------
 
 def save_checkpoint(model: CompressedForCausalLM, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """config.json (model_type verispec_compressed) + model.safetensors."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    raw = model.config.to_dict()
-    raw["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    state = {name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_checkpoint(model, model.config.to_dict(), out_dir, dtype, model.config.tie_word_embeddings)
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                     kernels: bool = True) -> CompressedForCausalLM:
-    from safetensors.torch import load_file
-
     path = Path(path)
-    try:
-        config = CompressedConfig.from_dict(json.loads((path / "config.json").read_text()))
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {path / 'config.json'}: {err}") from None
+    config = CompressedConfig.from_dict(read_config_json(path))
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{str(path)!r} has no model.safetensors")
-    try:
-        state = load_file(str(weights))
-    except Exception as err:  # safetensors raises several types for truncated files
-        raise CheckpointError(f"cannot read {weights}: {err}") from None
+    state = read_weights([weights])
     with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
         try:
             model = CompressedForCausalLM(config)
         except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as err:  # sizes torch cannot build
             raise CheckpointError(f"{path / 'config.json'} does not describe a model: {type(err).__name__}: "
                                   f"{(str(err).strip().splitlines() or [''])[0]}") from None
-        missing, unexpected = load_state(model, state, path)
-        missing = [n for n in missing if not (config.tie_word_embeddings and n == "lm_head.weight")]
-        if missing or unexpected:
-            raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
-                                  f"{missing[:3]}, unexpected {unexpected[:3]}")
+        load_all_weights(model, state, path, {"lm_head.weight"} if config.tie_word_embeddings else set())
         model = model.to(device=device, dtype=dtype).eval()
         if kernels:  # few-row CPU inference through verispec.kernels (no-op on GPUs or where unavailable)
             accelerate(model)

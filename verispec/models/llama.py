@@ -9,247 +9,37 @@ each row sit right after its committed cache slots, at positions ``length + dept
 the new tokens are a causal chain (depth = index); with one, new token t sees the committed prefix plus
 the new tokens j where ``tree_mask[t, j]`` (its ancestors and itself). Example, one row holding 5
 committed tokens, verifying a chain [a, x1, x2]: positions 5, 6, 7; x2 attends to slots 0..7.
+
+The model class is here, with checkpoint loading and saving; its config is ``llama_config``, its layers
+``llama_layers``, and the names of both stay importable from this module.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError
-from verispec.kernels import accelerate, joined_projection, projections
+from verispec.kernels import accelerate
+from verispec.models.checkpoint_io import load_all_weights, load_state, read_config_json, read_weights, write_checkpoint
+from verispec.models.llama_config import (
+    ARCHITECTURES, OPTIONAL_SIZES, REQUIRED_SIZES, LlamaConfig, check_config_values)
+from verispec.models.llama_layers import MLP, Attention, Backbone, DecoderLayer, RMSNorm, attention_mask
 from verispec.models.protocol import Capabilities
-from verispec.models.rope import apply_rotary, inverse_frequencies, rotary_tables
+from verispec.models.rope import inverse_frequencies, rotary_tables
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+__all__ = [
+    "ARCHITECTURES", "OPTIONAL_SIZES", "REQUIRED_SIZES", "Attention", "Backbone", "DecoderLayer", "LlamaConfig",
+    "LlamaForCausalLM", "MLP", "RMSNorm", "attention_mask", "check_config_values", "load_checkpoint",
+    "load_state", "parameter_count", "save_checkpoint",
+]
 
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # HF's rope parameters beyond theta: rope_type, factor, ...
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # bias on q, k, v and o (Llama's flag)
-    qkv_bias: bool = False  # bias on q, k, v only (Qwen2)
-    mlp_bias: bool = False
-    sliding_window: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    model_type: str = "llama"
-    extra: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads or self.num_attention_heads
-
-    @property
-    def dim_per_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def max_context(self) -> int:
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
-
-    @property
-    def eos_ids(self) -> list[int]:
-        if self.eos_token_id is None:
-            return []
-        return list(self.eos_token_id) if isinstance(self.eos_token_id, list) else [self.eos_token_id]
-
-    @classmethod
-    def from_hf_dict(cls, hf: dict) -> "LlamaConfig":
-        model_type = hf.get("model_type")
-        if model_type not in ARCHITECTURES:
-            raise CheckpointError(
-                f"model_type {model_type!r} is not a Llama-family architecture the native model supports "
-                f"({', '.join(ARCHITECTURES)}); load it through the transformers adapter instead")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
-        check_config_values(hf)
-        rope = dict(hf.get("rope_parameters") or {})
-        rope.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-        for key, value in (hf.get("rope_scaling") or {}).items():
-            rope.setdefault(key, value)
-        if rope.get("type") and "rope_type" not in rope:
-            rope["rope_type"] = rope["type"]
-        sliding = hf.get("sliding_window")
-        if model_type == "qwen2" and not hf.get("use_sliding_window", False):
-            sliding = None
-        return cls(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
-            rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"} or None,
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            attention_bias=hf.get("attention_bias", False) if model_type != "qwen2" else False,
-            qkv_bias=model_type == "qwen2", mlp_bias=hf.get("mlp_bias", False), sliding_window=sliding,
-            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
-            model_type=model_type)
-
-    def to_hf_dict(self) -> dict:
-        rope = {"rope_theta": self.rope_theta, "rope_type": "default", **(self.rope_scaling or {})}
-        out = {
-            "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.kv_heads,
-            "head_dim": self.dim_per_head, "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_parameters": rope,
-            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
-            "mlp_bias": self.mlp_bias, "hidden_act": "silu", "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-        }
-        return out
-
-    def rope_dict(self) -> dict:
-        return {"rope_theta": self.rope_theta, **(self.rope_scaling or {})}
-
-
-REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
-
-
-def check_config_values(hf: dict) -> None:
-    """Refuse, with a CheckpointError naming the key, a config.json whose sizes are missing, not positive
-    integers, or do not divide as attention needs (before torch sees them and raises its own errors)."""
-    def positive_int(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-    def positive_number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
-
-    for key in REQUIRED_SIZES:
-        if key not in hf:
-            raise CheckpointError(f"config.json has no {key!r}; re-export the checkpoint")
-    for key in REQUIRED_SIZES + OPTIONAL_SIZES:
-        value = hf.get(key)
-        if (key in REQUIRED_SIZES or value is not None) and not positive_int(value):
-            raise CheckpointError(f"config.json: {key} must be a positive integer, got {value!r}")
-    for key in ("rms_norm_eps", "rope_theta"):
-        if hf.get(key) is not None and not positive_number(hf[key]):
-            raise CheckpointError(f"config.json: {key} must be a positive number, got {hf[key]!r}")
-    heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
-    if heads % kv_heads:
-        raise CheckpointError(f"config.json: num_attention_heads ({heads}) must be a multiple of "
-                              f"num_key_value_heads ({kv_heads})")
-    if hf.get("head_dim") is None and hf["hidden_size"] % heads:
-        raise CheckpointError(f"config.json: hidden_size ({hf['hidden_size']}) must be a multiple of "
-                              f"num_attention_heads ({heads}), or give head_dim")
-    for key in ("bos_token_id", "eos_token_id"):
-        value = hf.get(key)
-        ids = value if isinstance(value, list) else [value]
-        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-            raise CheckpointError(f"config.json: {key} must be a token id >= 0 (or a list of them), got {value!r}")
-
-
-def load_state(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> tuple[list[str], list[str]]:
-    """``model.load_state_dict(state, strict=False)``, whose shape mismatches (weights that do not fit
-    config.json) become one CheckpointError naming the first tensor."""
-    try:
-        return model.load_state_dict(state, strict=False)
-    except RuntimeError as err:
-        lines = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
-        reason = lines[0] if lines else (str(err).strip().splitlines() or [""])[0]
-        raise CheckpointError(f"weights in {str(path)!r} do not fit its config.json: {reason.rstrip('.')}"
-                              f"{f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''}") from None
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the same formula as below, fused (natively for few rows)
-            native = kernels.rms_norm(x, self.weight, self.eps)
-            return native if native is not None else F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        heads, kv_heads, head_dim = config.num_attention_heads, config.kv_heads, config.dim_per_head
-        qkv_bias = config.attention_bias or config.qkv_bias
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=config.attention_bias)
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
-                layer: int, mask: torch.Tensor | None, num_slots: int) -> torch.Tensor:
-        batch, num_new, _ = x.shape
-        heads, kv_heads = self.heads, self.kv_heads
-        qkv = joined_projection(x, self.q_proj, self.k_proj, self.v_proj)
-        qkv = qkv.view(batch, num_new, heads + 2 * kv_heads, self.head_dim)  # (B, T, H + 2 Hkv, D)
-        qk = apply_rotary(qkv[:, :, :heads + kv_heads], cos, sin)  # q and k rotated together
-        q = qk[:, :, :heads].transpose(1, 2)  # (B, H, T, D)
-        k = qk[:, :, heads:].transpose(1, 2)  # (B, Hkv, T, D)
-        v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
-        if cache is None:  # training / full-sequence scoring: plain causal attention
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            cache.write(layer, k, v)
-            k, v = cache.view(layer, num_slots)  # (B, Hkv, S, D)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        bias = config.mlp_bias
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = projections(x, self.gate_proj, self.up_proj)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, cache, layer, mask, num_slots):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, num_slots)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Backbone(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+_attention_mask = attention_mask  # the name models.hf imports
 
 
 class LlamaForCausalLM(nn.Module):
@@ -398,7 +188,7 @@ class LlamaForCausalLM(nn.Module):
             x, lengths = x.clone(memory_format=torch.contiguous_format), torch.tensor(cache.lengths)
             cos, sin = cos.contiguous(), sin.contiguous()
             if tree_mask is not None or staged:
-                native_mask = _attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device).contiguous()
+                native_mask = attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device).contiguous()
         plan = kernels.LayerPlan.for_layers(self.model.layers, start, stop) if fused else None
         if plan is not None:  # every layer native: one call for all of them
             kernels.decoder_layers(plan, x, cos, sin, cache, start, lengths, native_mask, num_slots)
@@ -411,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
                 kernels.decoder_layer(weights, x, cos, sin, cache, index, lengths, native_mask, num_slots)
                 continue
             if not torch_mask:
-                torch_mask.append(_attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device))
+                torch_mask.append(attention_mask(bases, staged, num_new, num_slots, tree_mask, x.device))
             x = layer(x, *self._broadcast_rotary(cos, sin, batch, num_new), cache, index, torch_mask[0], num_slots)
         return x
 
@@ -521,24 +311,6 @@ class LlamaForCausalLM(nn.Module):
         return x, hidden
 
 
-def _attention_mask(bases: list[int], staged: int, num_new: int, num_slots: int,
-                    tree_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """Bool mask (B, 1, T, S): slots before each row's base, plus the round's own slots (``staged``
-    earlier tree nodes and the T new ones) that the tree mask allows."""
-    if tree_mask is None and staged == 0 and num_new == 1 and len(set(bases)) == 1:
-        return None  # one new token after a shared prefix sees every slot
-    own_size = staged + num_new
-    if tree_mask is None:
-        tree_mask = torch.ones(num_new, own_size, dtype=torch.bool, device=device).tril(staged)
-    bases_t = torch.tensor(bases, device=device)
-    relative = torch.arange(num_slots, device=device)[None, :] - bases_t[:, None]  # (B, S)
-    committed = relative < 0
-    inside = (relative >= 0) & (relative < own_size)
-    gather_index = relative.clamp(0, own_size - 1)[:, None, :].expand(len(bases), num_new, num_slots)
-    own = tree_mask.expand(len(bases), num_new, own_size).gather(2, gather_index) & inside[:, None, :]
-    return (committed[:, None, :] | own)[:, None]  # (B, 1, T, S)
-
-
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -547,44 +319,25 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     its linear layers use verispec.kernels for few-row CPU calls (decode, verification). With
     ``shared_embedding`` (a tied checkpoint saved without its embedding) the model uses that tensor
     itself as its embedding and LM head."""
-    from safetensors.torch import load_file
-
     path = Path(path)
-    config_path = path / "config.json"
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist; pass a directory "
-                              "holding config.json and *.safetensors")
-    if not config_path.is_file():
-        raise CheckpointError(f"{str(path)!r} has no config.json; is it an HF checkpoint directory?")
-    try:
-        hf = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_path} is not valid JSON ({err}); re-export the checkpoint") from None
-    config = LlamaConfig.from_hf_dict(hf)
+    config = LlamaConfig.from_hf_dict(read_config_json(path))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{str(path)!r} holds no *.safetensors weights (PyTorch .bin files are not "
                               "loaded for safety; convert them with transformers' save_pretrained)")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file)))
-        except Exception as err:  # safetensors raises several types for truncated/corrupt files
-            raise CheckpointError(f"cannot read {file}: {err}") from None
+    state = read_weights(files)
     with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
         model = LlamaForCausalLM(config)
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        missing, unexpected = load_state(model, state, path)
-        shared = ("lm_head.weight", "model.embed_tokens.weight") if shared_embedding is not None else ()
-        missing = [name for name in missing
-                   if not (config.tie_word_embeddings and name == "lm_head.weight") and name not in shared]
-        if missing or unexpected:
-            raise CheckpointError(f"weights in {str(path)!r} do not match its config.json: missing "
-                                  f"{missing[:3]}, unexpected {unexpected[:3]}")
+        may_lack = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if shared_embedding is not None:
+            may_lack |= {"lm_head.weight", "model.embed_tokens.weight"}
+        load_all_weights(model, state, path, may_lack)
         model = model.to(device=device, dtype=dtype).eval()
         if shared_embedding is not None:
-            if tuple(shared_embedding.shape) != (config.vocab_size, config.hidden_size) or not config.tie_word_embeddings:
+            fits = tuple(shared_embedding.shape) == (config.vocab_size, config.hidden_size)
+            if not fits or not config.tie_word_embeddings:
                 raise CheckpointError(f"the checkpoint in {str(path)!r} cannot share an embedding of shape "
                                       f"{tuple(shared_embedding.shape)} (it needs a tied "
                                       f"{config.vocab_size} x {config.hidden_size} one)")
@@ -597,19 +350,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
 
 def save_checkpoint(model: LlamaForCausalLM, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """Write config.json + model.safetensors that both this loader and transformers load."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf = model.config.to_hf_dict()
-    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    state = {name: tensor.detach().to(dtype).contiguous() for name, tensor in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_checkpoint(model, model.config.to_hf_dict(), out_dir, dtype, model.config.tie_word_embeddings)
 
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-

@@ -20,12 +20,12 @@ import torch
 from verispec.models.compressed import CompressedForCausalLM, save_checkpoint
 from verispec.models.llama import load_checkpoint, parameter_count
 from verispec.train import corpus
-from verispec.train.artifacts import CHECKPOINT_DTYPE, copy_tokenizer, plot_losses, write_json
+from verispec.train.artifacts import CHECKPOINT_DTYPE, copy_tokenizer, write_json
 from verispec.train.evaluate import evaluate_draft, heldout_windows
 from verispec.train.loop import BudgetedLoop
 from verispec.train.losses import next_token_loss
 from verispec.train.recipes import EOS_TOKEN_ID, CompressedRecipe
-from verispec.train.target import history_summary, init_weights, training_batches
+from verispec.train.target import fresh_model, make_run_dir, save_history, training_batches, training_summary
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,9 @@ def export(model: CompressedForCausalLM, out_dir: str | Path, tokenizer_dir: str
 
 def train_compressed(recipe: CompressedRecipe, minutes: float, out_dir: str | Path, run_dir: str | Path,
                      tokenizer_dir: str | Path, draft_dir: str | Path | None = None) -> dict:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(run_dir)
     optim = recipe.optim
-    torch.manual_seed(optim.seed)
-    model = CompressedForCausalLM(recipe.model)
-    init_weights(model, recipe.init_std)
+    model = fresh_model(CompressedForCausalLM, recipe)
     logger.info("compressed target: %d parameters, %s", parameter_count(model), recipe.model)
     stream, batches, encode = training_batches(tokenizer_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
@@ -53,7 +50,7 @@ def train_compressed(recipe: CompressedRecipe, minutes: float, out_dir: str | Pa
 
     history = BudgetedLoop(model, optim, minutes).run(batches, loss_fn)
     export(model, out_dir, tokenizer_dir)
-    plot_losses(history.records, ["loss"], run_dir / "loss.png", "compressed target training loss")
+    save_history(run_dir, history, ["loss"], "compressed target training loss")
     draft = load_checkpoint(draft_dir) if draft_dir is not None else None
     heldout, versus = {}, {}
     for name in corpus.WORKLOADS:
@@ -66,9 +63,8 @@ def train_compressed(recipe: CompressedRecipe, minutes: float, out_dir: str | Pa
             versus[name] = evaluate_draft(draft, model, windows, recipe.eval.micro_batch)
         logger.info("held-out %s: loss %.3f", name, loss)
     metrics = {"model": asdict(recipe.model), "parameters": parameter_count(model),
-               "training": {**history_summary(history), "stream": stream.stats()},
+               "training": training_summary(history, stream),
                "heldout": heldout, "draft_vs_target": versus}
     write_json(run_dir / "metrics.json", metrics)
-    write_json(run_dir / "history.json", {"records": history.records})
     logger.info("compressed target done: %s", metrics["training"])
     return metrics

@@ -23,20 +23,19 @@ import torch
 
 from verispec.models.llama import LlamaForCausalLM, load_checkpoint, parameter_count
 from verispec.train import corpus
-from verispec.train.artifacts import export_checkpoint, plot_losses, write_json
+from verispec.train.artifacts import export_checkpoint, write_json
 from verispec.train.evaluate import evaluate_draft, heldout_windows
 from verispec.train.loop import BudgetedLoop, TrainHistory
 from verispec.train.losses import distillation_loss
 from verispec.train.recipes import EOS_TOKEN_ID, DraftRecipe
-from verispec.train.target import history_summary, init_weights, training_batches
+from verispec.train.target import fresh_model, make_run_dir, save_history, training_batches, training_summary
 
 logger = logging.getLogger(__name__)
 
 
 def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out_dir: str | Path,
                 run_dir: str | Path, init_dir: str | Path | None = None) -> dict:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(run_dir)
     optim = recipe.optim
     teacher = load_checkpoint(target_dir, dtype=torch.float32).eval()
     for parameter in teacher.parameters():
@@ -44,9 +43,7 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
     if teacher.config.vocab_size != recipe.model.vocab_size:
         raise ValueError(f"target vocabulary ({teacher.config.vocab_size}) differs from the draft's "
                          f"({recipe.model.vocab_size}); both must share one tokenizer")
-    torch.manual_seed(optim.seed)
-    draft = LlamaForCausalLM(recipe.model)
-    init_weights(draft, recipe.init_std)
+    draft = fresh_model(LlamaForCausalLM, recipe)
     # Fresh seed: the draft sees the training split in a different order than the target did.
     stream, batches, encode = training_batches(target_dir, recipe.mix, optim.seq_len, optim.micro_batch,
                                                optim.seed)
@@ -70,13 +67,11 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
 
     def save_latest(step: int, history: TrainHistory) -> None:
         export_checkpoint(draft, run_dir / "checkpoint-latest", target_dir)
-        write_json(run_dir / "history.json", {"records": history.records})
-        plot_losses(history.records, loss_keys, run_dir / "loss.png", "draft distillation loss")
+        save_history(run_dir, history, loss_keys, "draft distillation loss")
 
     history = BudgetedLoop(draft, optim, minutes, on_checkpoint=save_latest).run(batches, loss_fn)
     export_checkpoint(draft, out_dir, target_dir)
-    write_json(run_dir / "history.json", {"records": history.records})
-    plot_losses(history.records, loss_keys, run_dir / "loss.png", "draft distillation loss")
+    save_history(run_dir, history, loss_keys, "draft distillation loss")
     heldout = {}
     for name in corpus.WORKLOADS:
         windows = heldout_windows(encode, name, optim.seq_len, recipe.eval.windows_per_workload, EOS_TOKEN_ID)
@@ -85,7 +80,8 @@ def train_draft(recipe: DraftRecipe, minutes: float, target_dir: str | Path, out
         logger.info("held-out %s: %s", name, heldout[name])
     metrics = {
         "model": asdict(recipe.model), "parameters": parameter_count(draft), "recipe": asdict(recipe),
-        "target_dir": str(target_dir), "init_dir": None if init_dir is None else str(init_dir), "training": {**history_summary(history), "stream": stream.stats()},
+        "target_dir": str(target_dir), "init_dir": None if init_dir is None else str(init_dir),
+        "training": training_summary(history, stream),
         "heldout": heldout, "synthetic_workloads": sorted(corpus.SYNTHETIC_WORKLOADS),
     }
     write_json(run_dir / "metrics.json", metrics)

@@ -72,14 +72,37 @@ def history_summary(history: TrainHistory) -> dict:
             "tokens_per_second": round(history.tokens_per_second, 1)}
 
 
-def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_dir: str | Path,
-                 tokenizer_dir: str | Path, init_dir: str | Path | None = None) -> dict:
+def training_summary(history: TrainHistory, stream: MixedTokenStream) -> dict:
+    """`history_summary` plus what the run read from each workload's stream (metrics' ``training``)."""
+    return {**history_summary(history), "stream": stream.stats()}
+
+
+def make_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path, created (with its parents) if missing."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    optim = recipe.optim
-    torch.manual_seed(optim.seed)
-    model = LlamaForCausalLM(recipe.model)
+    return run_dir
+
+
+def fresh_model(model_class, recipe):
+    """``model_class(recipe.model)`` built after seeding torch with ``recipe.optim.seed``, then `init_weights`."""
+    torch.manual_seed(recipe.optim.seed)
+    model = model_class(recipe.model)
     init_weights(model, recipe.init_std)
+    return model
+
+
+def save_history(run_dir: Path, history: TrainHistory, loss_keys: list[str], title: str) -> None:
+    """The run dir's history.json (every logged record) and loss.png (``loss_keys`` against tokens)."""
+    write_json(run_dir / "history.json", {"records": history.records})
+    plot_losses(history.records, loss_keys, run_dir / "loss.png", title)
+
+
+def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_dir: str | Path,
+                 tokenizer_dir: str | Path, init_dir: str | Path | None = None) -> dict:
+    run_dir = make_run_dir(run_dir)
+    optim = recipe.optim
+    model = fresh_model(LlamaForCausalLM, recipe)
     if init_dir is not None:  # continue a previous run: its weights, a fresh optimizer and schedule
         try:
             model.load_state_dict(load_checkpoint(init_dir, dtype=torch.float32, kernels=False).state_dict())
@@ -98,19 +121,16 @@ def train_target(recipe: TargetRecipe, minutes: float, out_dir: str | Path, run_
 
     def save_latest(step: int, history: TrainHistory) -> None:
         export_checkpoint(model, run_dir / "checkpoint-latest", tokenizer_dir)
-        write_json(run_dir / "checkpoint-latest" / "training_state.json",
-                   {**history_summary(history), "stream": stream.stats()})
-        write_json(run_dir / "history.json", {"records": history.records})
-        plot_losses(history.records, loss_keys, run_dir / "loss.png", "target training loss")
+        write_json(run_dir / "checkpoint-latest" / "training_state.json", training_summary(history, stream))
+        save_history(run_dir, history, loss_keys, "target training loss")
 
     history = BudgetedLoop(model, optim, minutes, on_checkpoint=save_latest).run(batches, loss_fn)
     export_checkpoint(model, out_dir, tokenizer_dir)
-    write_json(run_dir / "history.json", {"records": history.records})
-    plot_losses(history.records, loss_keys, run_dir / "loss.png", "target training loss")
+    save_history(run_dir, history, loss_keys, "target training loss")
     metrics = {
         "model": asdict(recipe.model), "parameters": parameter_count(model), "recipe": asdict(recipe),
         "init_dir": None if init_dir is None else str(init_dir),
-        "training": {**history_summary(history), "stream": stream.stats()},
+        "training": training_summary(history, stream),
         "heldout": evaluate_heldout(model, encode, optim.seq_len, recipe.eval),
         "synthetic_workloads": sorted(corpus.SYNTHETIC_WORKLOADS),
     }

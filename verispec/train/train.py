@@ -282,6 +282,19 @@ def _is_gguf_target(target: str) -> bool:
     return target == "smollm2" or str(target).lower().endswith(".gguf")
 
 
+def _train_recipe(args: argparse.Namespace, required: Path, missing: str, make_recipe, train, *train_args) -> int:
+    """Log into ``args.run_dir``; 2 (after logging ``missing``) when the input file ``required`` is absent,
+    else ``train(make_recipe(args), *train_args)`` and 0."""
+    _log_to(args.run_dir)
+    if not required.exists():
+        logger.error("%s", missing)
+        return 2
+    recipe = make_recipe(args)
+    logger.info("precision %s", recipe.optim.precision)
+    train(recipe, *train_args)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "tokenizer":
         _log_to(Path(args.stats).parent)
@@ -289,13 +302,10 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "target":
         from verispec.train.target import train_target
 
-        _log_to(args.run_dir)
-        if not (Path(args.tokenizer) / "tokenizer.json").exists():
-            logger.error("no tokenizer in %s; run `verispec train tokenizer` first", args.tokenizer)
-            return 2
-        recipe = _target_recipe(args)
-        logger.info("precision %s", recipe.optim.precision)
-        train_target(recipe, args.minutes, args.out, args.run_dir, args.tokenizer, args.init)
+        return _train_recipe(args, Path(args.tokenizer) / "tokenizer.json",
+                             f"no tokenizer in {args.tokenizer}; run `verispec train tokenizer` first",
+                             _target_recipe, train_target, args.minutes, args.out, args.run_dir, args.tokenizer,
+                             args.init)
     elif args.command == "draft" and _is_gguf_target(args.target):
         from verispec.train.gguf_draft import GgufDraftRecipe, train_gguf_draft
 
@@ -315,13 +325,9 @@ def _run(args: argparse.Namespace) -> int:
         from verispec.train.draft import train_draft
 
         args.out, args.run_dir = args.out or DRAFT_DIR, args.run_dir or "runs/draft"
-        _log_to(args.run_dir)
-        if not (Path(args.target) / "config.json").exists():
-            logger.error("no target checkpoint in %s; run `verispec train target` first", args.target)
-            return 2
-        recipe = _draft_recipe(args)
-        logger.info("precision %s", recipe.optim.precision)
-        train_draft(recipe, args.minutes, args.target, args.out, args.run_dir, args.init)
+        return _train_recipe(args, Path(args.target) / "config.json",
+                             f"no target checkpoint in {args.target}; run `verispec train target` first",
+                             _draft_recipe, train_draft, args.minutes, args.target, args.out, args.run_dir, args.init)
     elif args.command == "eagle":
         from verispec.loading import DATA_DIR
         from verispec.train.eagle import EagleRecipe, train_eagle

@@ -124,13 +124,21 @@ def chain_round_outcomes(prefix: tuple[int, ...], target: ToyModel, draft: ToyMo
 def spec_sequence_distribution(target: ToyModel, draft: ToyModel, gamma: int, length: int,
                                prefix: tuple[int, ...] = (), greedy_draft: bool = False) -> dict[tuple[int, ...], F]:
     """Exact distribution of the first ``length`` tokens produced by repeated chain rounds."""
+    return repeated_rounds_distribution(
+        lambda context: chain_round_outcomes(context, target, draft, gamma, greedy_draft), length, prefix)
+
+
+def repeated_rounds_distribution(round_outcomes: Callable[[tuple[int, ...]], dict[tuple[int, ...], F]],
+                                 length: int, prefix: tuple[int, ...] = ()) -> dict[tuple[int, ...], F]:
+    """Exact distribution of the first ``length`` tokens emitted by rounds run one after another from
+    ``prefix``; ``round_outcomes(context)`` is one round's {emitted tokens: probability} after ``context``."""
     result: dict[tuple[int, ...], F] = {}
 
     def run(emitted: tuple[int, ...], mass: F) -> None:
         if len(emitted) >= length:
             _add(result, emitted[:length], mass)
             return
-        for tokens, weight in chain_round_outcomes(prefix + emitted, target, draft, gamma, greedy_draft).items():
+        for tokens, weight in round_outcomes(prefix + emitted).items():
             run(emitted + tokens, mass * weight)
 
     run((), F(1))
@@ -297,14 +305,5 @@ def tree_round_outcomes(prefix: tuple[int, ...], target: ToyModel, draft: ToyMod
 def tree_spec_sequence_distribution(target: ToyModel, draft: ToyModel, branching: Sequence[int], mode: str,
                                     length: int, prefix: tuple[int, ...] = ()) -> dict[tuple[int, ...], F]:
     """Exact distribution of the first ``length`` tokens produced by repeated tree rounds."""
-    result: dict[tuple[int, ...], F] = {}
-
-    def run(emitted: tuple[int, ...], mass: F) -> None:
-        if len(emitted) >= length:
-            _add(result, emitted[:length], mass)
-            return
-        for tokens, weight in tree_round_outcomes(prefix + emitted, target, draft, branching, mode).items():
-            run(emitted + tokens, mass * weight)
-
-    run((), F(1))
-    return result
+    return repeated_rounds_distribution(
+        lambda context: tree_round_outcomes(context, target, draft, branching, mode), length, prefix)

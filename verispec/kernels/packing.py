@@ -1,0 +1,86 @@
+"""Weights packed as the kernel reads them: the layout a layer's weight takes (``_pack_weight``: GGUF rows,
+bf16, AMX tiles or fp32), GGUF rows checked against the weight (``_pack_blocks``) and int8 rows or tiles for
+draft models (``quantize_int8``). Re-exported by ``verispec.kernels``; the package's names (``amx``,
+``library``, ``_failed``, ...) are read through it (``_k``) at call time."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from verispec import kernels as _k
+from verispec.kernels.formats import BLOCK_FORMATS, _int8_rows, _int8_values, block_bytes, dequantize_blocks
+
+
+def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The weight as the kernel reads it. With ``blocks`` (a layer's ``gguf_blocks``, see
+    ``_pack_blocks``) that hold exactly ``weight``: those GGUF rows. Else bf16 when that loses nothing (a
+    bf16 checkpoint upcast to fp32), else the fp32 weight. With AMX (``amx()``) and N % 16 == 0, K % 32
+    == 0, such bf16 weights are stored tiled for the tile multiply (``pack_amx`` in the C source), as
+    int16 bit patterns of the same (N, K) shape: no torch op reads them as a matrix by mistake, and row
+    blocks of 16 still cut and join like rows. A path the self-check turned off is not packed for."""
+    weight = weight.detach()
+    packed = None if blocks is None else _pack_blocks(weight, *blocks)
+    if packed is not None:
+        return packed
+    as_bf16 = weight.to(torch.bfloat16)
+    if not torch.equal(as_bf16.to(torch.float32), weight):
+        return weight.contiguous()
+    as_bf16 = as_bf16.contiguous()
+    out_features, in_features = weight.shape
+    if _k.amx() and out_features % 16 == 0 and in_features % 32 == 0:
+        return _tiles(_k.library(), as_bf16)
+    return weight.contiguous() if "bf16" in _k._failed else as_bf16
+
+
+def _tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """bf16 (N, K) contiguous -> the AMX tile order (``pack_amx``), as int16 (N, K)."""
+    tiled = torch.empty(weight.shape, dtype=torch.int16)
+    lib.pack_amx(weight.data_ptr(), tiled.data_ptr(), *weight.shape)
+    return tiled
+
+
+def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
+    """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
+    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
+    that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
+    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). None, so the caller
+    packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
+    to exactly ``weight`` (a loader's row order mistake, or a weight edited in place, would otherwise
+    make the kernel compute something else than torch's path)."""
+    dtype = BLOCK_FORMATS.get(kind)
+    out_features, in_features = weight.shape
+    if dtype is None or kind in _k._failed or in_features % 32 or raw.dtype != torch.uint8 or raw.is_cuda \
+            or weight.dtype != torch.float32 \
+            or tuple(raw.shape) != (out_features, in_features // 32 * block_bytes(kind)):
+        return None
+    raw = raw.detach().contiguous()
+    if raw.storage_offset() % dtype.itemsize:
+        raw = raw.clone()
+    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
+        if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
+            return None
+    return raw.view(dtype)
+
+
+def quantize_int8(weight: torch.Tensor) -> torch.Tensor | None:
+    """(N, K) float -> (N, K + 4) bytes for ``linear``: per output row, an fp32 scale (max |w| / 127) and
+    the K values rounded to multiples of it. With AMX-INT8 (``amx_int8()``) and N % 16 == 0, K % 64 == 0:
+    uint8, tiled by ``pack_amx_i8`` (the C source; input rows are then quantised too, per row); else
+    int8 rows, each its scale's 4 bytes then its values (the AVX2 loop, for up to INT8_ROWS rows), or
+    None where the self-check turned int8 rows off. For draft models only: what a draft proposes
+    decides acceptance, never the committed distribution."""
+    values, scale = _int8_values(weight)
+    out_features, in_features = weight.shape
+    if _k.amx_int8() and out_features % 16 == 0 and in_features % 64 == 0:
+        return _int8_tiles(_k.library(), values, scale)
+    return None if "int8" in _k._failed else _int8_rows(values, scale)
+
+
+def _int8_tiles(lib: ctypes.CDLL, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 values (N, K) and their row scales -> the AMX-INT8 tile order (``pack_amx_i8``), as uint8 (N, K + 4)."""
+    tiled = torch.empty(values.shape[0], values.shape[1] + 4, dtype=torch.uint8)
+    scales = scale.reshape(-1).contiguous()
+    lib.pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), *values.shape)
+    return tiled
