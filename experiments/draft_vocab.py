@@ -5,7 +5,7 @@ interleaved repeats, output tokens/s.
 
     OMP_NUM_THREADS=1 python experiments/draft_vocab.py
 """
-import time, torch, sys
+import time, torch
 torch.set_num_threads(1)
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.bench.config import PromptSettings
@@ -17,7 +17,7 @@ prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math")
 greedy = SamplingParams(temperature=0)
 def run(e, conc):
     began, tokens, queue, outs = time.perf_counter(), 0, list(prompts), {}
-    committed = rounds = 0
+    rounds = 0
     while queue or e.active:
         while queue and e.active < conc:
             p = queue.pop(0)

@@ -21,7 +21,7 @@ policy's choice; the policy decides only between plain decoding and speculation)
 other trajectories of the same prompts: ``hf_skip_empty`` (no +2 after a round that drafted nothing,
 a request's last token) and ``hf_start5`` .. ``hf_start10`` (other initial depths).
 """
-import argparse, statistics, sys
+import argparse, statistics
 import torch
 torch.set_num_threads(1)
 from verispec import profile as profiler

@@ -27,7 +27,6 @@ import contextlib
 import http.server
 import json
 import random
-import os
 import socket
 import sys
 import threading

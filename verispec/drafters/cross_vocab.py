@@ -42,9 +42,9 @@ class CrossVocabDrafter(DraftModelDrafter):
     def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
         logits = self._start(context, num_drafts) if num_drafts > 0 else None
-        tokens, probs = [], []
+        tokens, probs, draft_id = [], [], -1
         for step in range(num_drafts if logits is not None else 0):
-            if step:
+            if step:  # the previous step's draft, in the draft's own ids
                 logits = self.bridge.spread(self._feed([draft_id]))
             token, step_probs = draw_draft(logits, sampling, generator)
             tokens.append(token)

@@ -176,8 +176,7 @@ def train_gguf_draft(recipe: GgufDraftRecipe, minutes: float, target: str, out_d
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_teacher(target)
-    teacher, tokenizer, render, eos_id, encode = (loaded.model, loaded.tokenizer, loaded.render, loaded.eos_id,
-                                                  loaded.encode)
+    teacher, render, eos_id, encode = loaded.model, loaded.render, loaded.eos_id, loaded.encode
     torch.manual_seed(recipe.optim.seed)
     draft = draft_from_target(teacher, recipe.layers)
     if init_dir is not None:
