@@ -90,19 +90,6 @@ def test_adaptive_rate_uses_the_rows_its_rounds_ran_with():
     assert policy.predicted_rate(8, 1) == pytest.approx(5 * 1.6 / 0.06)
 
 
-def test_acceptance_counts_blend_a_request_with_the_shared_prior():
-    from verispec.adaptive import AcceptanceCounts
-
-    counts = AcceptanceCounts(4)
-    for accepted, drafted in [(2, 2), (0, 2), (1, 2), (2, 3)]:
-        counts.add(accepted, drafted)
-    # Position 1 reached 4 times, accepted 3; position 2 reached 3 times (after an accepted first), accepted 2.
-    assert counts.rates(2) == pytest.approx([3 / 4, 2 / 3])
-    # Position 3 reached once (the gamma-3 round), accepted never; position 4 never reached: the prior.
-    assert counts.rates(4, prior=[0.5, 0.5, 0.5, 0.25], prior_rounds=4) == pytest.approx(
-        [(3 + 2) / 8, (2 + 2) / 7, (0 + 2) / 5, 0.25])
-
-
 def test_adaptive_policy_gives_each_request_its_own_gamma():
     """Shared round times, per-request acceptance: a request the draft follows gets a long chain, one
     it does not follow gets plain decoding, where one shared gamma would compromise."""
@@ -372,23 +359,3 @@ def test_a_first_climb_is_offered_the_gain_the_smaller_buckets_trend_to():
     assert nearest.afford(16, 1, Backlog(800, 768)) == 1
     growing = decided({4: 1.05, 8: 1.10})
     assert growing._smaller_gain(16) == pytest.approx(1.10, rel=1e-3)
-
-
-
-def test_a_policy_missing_part_of_the_protocol_is_refused_by_name():
-    from verispec.adaptive import GammaPolicyBase, check_policy
-    from verispec.engine import SpecEngine
-    from verispec.errors import VerispecError
-
-    class OnlyChooses:
-        def choose(self, batch_size=1, request=None):
-            return 2
-
-    with pytest.raises(VerispecError, match="OnlyChooses .*missing observe, charge, reads, finished, afford"):
-        SpecEngine(object(), gamma_policy=OnlyChooses())
-
-    class Complete(GammaPolicyBase, OnlyChooses):
-        pass
-
-    check_policy(Complete())
-    assert Complete().afford(4, 3, Backlog(100, 10)) == 3  # the default affords what was chosen

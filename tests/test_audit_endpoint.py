@@ -1,4 +1,5 @@
-"""verispec audit --endpoint: the two-sample statistics, and the black-box audit of live servers.
+"""verispec audit --endpoint: the black-box audit of live servers (the two-sample statistics:
+test_two_sample.py; the client and its probes: test_audit_endpoint_client.py).
 
 Servers run in this process (uvicorn threads, as in tests/test_server.py) on a 261-token byte-level
 pair built here: the target's LM head is scaled up for peaked next-token distributions, and the draft
@@ -24,13 +25,10 @@ so 2000 / 4000 is the size stated. The test uses seed 1 (correct p = 0.42 there)
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import random
 import socket
 import sys
-import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,8 +40,7 @@ pytest.importorskip("uvicorn")
 sys.path.insert(0, str(Path(__file__).parent))
 from test_server import serving  # noqa: E402
 
-from verispec.audit_endpoint import (Endpoint, base_url, run_endpoint_audit, sample_prompts,  # noqa: E402
-                                     settle_ignore_eos, two_sample_test, verdict_of)
+from verispec.audit_endpoint import Endpoint, run_endpoint_audit, sample_prompts  # noqa: E402
 from verispec.batch import BatchEngine  # noqa: E402
 from verispec.cli import main  # noqa: E402
 from verispec.config import SamplingParams, SpecConfig  # noqa: E402
@@ -61,53 +58,7 @@ SAMPLES, REFERENCE_SAMPLES, SEED = 2000, 4000, 1
 KEY = "sekrit"  # the reference server wants a bearer token
 
 
-# ---- statistics (pure) --------------------------------------------------------------------------------
-
-
-def test_two_sample_worked_example():
-    # Two texts, N = N_ref = 100: pooled 110 / 90, expected 55 / 45 per side.
-    test = two_sample_test({"a": 60, "b": 40}, {"a": 50, "b": 50})
-    assert test.chi_square == pytest.approx(2 * (5 ** 2 / 55 + 5 ** 2 / 45))
-    assert test.dof == 1 and test.cells == 2 and test.coverage == 1.0 and test.conclusive
-    assert test.tv == pytest.approx(0.10)
-    assert 0.02 < test.noise_floor < 0.10  # E|difference| of two Bin(100, 0.55) / 100 is about 0.056
-    assert two_sample_test({"a": 60, "b": 40}, {"a": 50, "b": 50}).noise_floor == test.noise_floor  # seeded
-
-
-def test_identical_samples_and_pooling():
-    same = two_sample_test({"a": 50, "b": 30, "c": 20}, {"a": 100, "b": 60, "c": 40})  # unequal sizes
-    assert same.chi_square == pytest.approx(0) and same.p_value == 1.0 and same.tv == pytest.approx(0)
-    # rare texts (pooled count < 10 at equal sizes) share one rest cell
-    rare = {f"r{i}": 1 for i in range(20)}
-    test = two_sample_test({"a": 50, "b": 30, **rare}, {"a": 50, "b": 30, **{f"s{i}": 1 for i in range(20)}})
-    assert test.cells == 3 and test.dof == 2 and test.coverage == pytest.approx(160 / 200)
-    assert test.chi_square == pytest.approx(0)
-    assert test.tv == pytest.approx(20 / 100)  # every rare text is on one side only
-
-
-def test_inconclusive_when_the_samples_cannot_decide():
-    greedy = two_sample_test({"x": 80}, {"x": 80})
-    assert greedy.dof == 0 and not greedy.conclusive and "same text" in greedy.reason
-    sparse = two_sample_test({f"a{i}": 1 for i in range(100)}, {f"b{i}": 1 for i in range(100)})
-    assert not sparse.conclusive and "common enough" in sparse.reason
-    half = two_sample_test({"a": 30, **{f"a{i}": 1 for i in range(70)}}, {"a": 30, **{f"b{i}": 1 for i in range(70)}})
-    assert half.dof == 1 and half.coverage == pytest.approx(0.3) and not half.conclusive
-    assert verdict_of([greedy], 1e-3)[0] == "inconclusive"
-    assert verdict_of([half], 1e-3)[0] == "inconclusive"
-    disjoint = two_sample_test({"x": 80}, {"y": 80})
-    assert verdict_of([disjoint], 1e-3)[:1] == ("FAIL",)  # a sparse or partial test can still fail
-    ok = two_sample_test({"a": 60, "b": 40}, {"a": 50, "b": 50})
-    verdict, p_value, _ = verdict_of([ok, ok], 1e-3)
-    assert verdict == "pass" and p_value == pytest.approx(min(1.0, 2 * ok.p_value))  # Bonferroni
-
-
-def test_base_url():
-    for url in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/", " http://h:8000/v1 "):
-        assert base_url(url) == "http://h:8000"
-    assert base_url("https://proxy.example/openai/v1") == "https://proxy.example/openai"
-    for bad in ("localhost:8000", "ftp://h/v1", "http://"):
-        with pytest.raises(VerispecError, match="http"):
-            base_url(bad)
+# ---- the fault switch ---------------------------------------------------------------------------------
 
 
 def test_fault_switch_is_checked(monkeypatch, tiny_pair):
@@ -244,48 +195,7 @@ def test_cli_bad_input_is_one_line_exit_2(servers, capsys):
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-# ---- a stub server that refuses ignore_eos ------------------------------------------------------------
-
-
-class _Refuses(http.server.BaseHTTPRequestHandler):
-    """OpenAI's own API: unknown parameters are a 400; otherwise every completion is "ok"."""
-
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if "ignore_eos" in body:
-            status, answer = 400, {"error": {"message": "Unrecognized request argument supplied: ignore_eos",
-                                             "type": "invalid_request_error"}}
-        else:
-            status, answer = 200, {"choices": [{"index": i, "text": "ok", "finish_reason": "length"}
-                                               for i in range(body.get("n", 1))]}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def test_ignore_eos_auto_drops_what_the_server_refuses():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        stub = Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "m")
-        note = settle_ignore_eos(stub, "auto", "hi", SAMPLING, 3)
-        assert not stub.ignore_eos and "refused ignore_eos" in note
-        assert stub.sample("hi", SAMPLING, 3, seed=1, choices=2) == [("ok", "length"), ("ok", "length")]
-        with pytest.raises(VerispecError, match="HTTP 400: Unrecognized request argument supplied: ignore_eos"):
-            settle_ignore_eos(stub, "yes", "hi", SAMPLING, 3) or stub.sample("hi", SAMPLING, 3, seed=1)
-        settle_ignore_eos(stub, "no", "hi", SAMPLING, 3)
-        texts, finish = sample_prompts(stub, ["hi"], SAMPLING, 3, 64, choices=16)[0]
-        assert texts == Counter({"ok": 64}) and finish == Counter({"length": 64})
-    finally:
-        server.shutdown()
-        server.server_close()
+# ---- logprobs -----------------------------------------------------------------------------------------
 
 
 def test_logprob_check_fails_reports_that_do_not_fit_the_samples(servers, monkeypatch):

@@ -1,4 +1,5 @@
-"""The CLI: JSON output for scripts, human output, and one-line errors with exit status 2."""
+"""The CLI: one-line errors with exit status 2, before any long work. Each command's own output:
+test_cli_generate.py, test_cli_plan.py, test_cli_profile.py, test_demo.py."""
 
 from __future__ import annotations
 
@@ -17,35 +18,6 @@ def run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def test_generate_json(capsys, byte_pair):
-    target, draft = byte_pair
-    code, out, _ = run(capsys, "generate", "hello", "--target", str(target), "--draft", str(draft),
-                       "--max-tokens", "12", "--ignore-eos", "--json", "--gamma", "3")
-    assert code == 0
-    data = json.loads(out)
-    assert len(data["tokens"]) == 12 and isinstance(data["text"], str)
-    stats = data["stats"]
-    for key in ("rounds", "drafted", "accepted", "committed_per_round", "acceptance_rate",
-                "per_position_acceptance", "tokens_per_s", "ttft_ms", "time_split"):
-        assert key in stats
-    assert len(stats["per_position_acceptance"]["conditional"]) == 3
-
-
-def test_generate_greedy_spec_equals_no_spec(capsys, byte_pair):
-    target, draft = byte_pair
-    common = ["generate", "abc", "--target", str(target), "--max-tokens", "16", "--ignore-eos", "--json"]
-    _, spec_out, _ = run(capsys, *common, "--draft", str(draft))
-    _, plain_out, _ = run(capsys, *common, "--no-spec")
-    assert json.loads(spec_out)["tokens"] == json.loads(plain_out)["tokens"]
-
-
-def test_generate_human_output(capsys, byte_pair):
-    target, draft = byte_pair
-    code, out, _ = run(capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
-                       "--max-tokens", "8", "--temperature", "0.9", "--top-k", "20", "--seed", "3")
-    assert code == 0 and "committed tokens/round" in out and "tokens/s" in out
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -83,25 +55,6 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
     assert proc.stderr.startswith("verispec: error:") and "Traceback" not in proc.stderr
 
 
-def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
-    """The README's main job, shortened: every prompt's speculative output equals plain decoding."""
-    code, out, _ = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "8", "--threads", "1", "--json",
-                       "--methods", "chain,tree,ngram,self")
-    assert code == 0
-    data = json.loads(out)
-    assert data["embedded_pair"] and len(data["prompts"]) == 3 * 4
-    assert {row["method"] for row in data["prompts"]} == {"chain", "tree", "ngram", "self"}
-    assert all(row["identical"] for row in data["prompts"])
-    code, out, _ = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "8", "--threads", "1",
-                       "--json", "--methods", "eagle,eagle-tree")
-    rows = json.loads(out)["prompts"]
-    assert code == 0 and {row["method"] for row in rows} == {"eagle", "eagle-tree"} and all(r["identical"] for r in rows)
-    code, _, err = run(capsys, "demo", "--methods", "chain,beam")
-    assert code == 2 and "beam" in err
-    code, _, err = run(capsys, "demo", "--threads", "-1")
-    assert code == 2 and "--threads" in err
-
-
 def test_draft_vocab_resolution(byte_pair):
     from verispec.errors import VerispecError
     from verispec.loading import EMBEDDED_DRAFT_VOCAB, embedded_pair_available, load_pair, resolve_draft_vocab
@@ -118,7 +71,6 @@ def test_draft_vocab_resolution(byte_pair):
         assert resolve_draft_vocab(load_pair("tiny", backend="hf"), "auto") is None
 
 
-
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--alpha", "0.8", "--draft-ms", "0", "--verify-ms", "0", "--baseline-ms", "0"], "--baseline-ms"),
     (["plan", "--alpha", "0.8", "--draft-ms", "1", "--verify-ms", "1", "--baseline-ms", "1", "--sweep", "100000000"],
@@ -131,27 +83,6 @@ def test_draft_vocab_resolution(byte_pair):
 def test_bad_arguments_are_one_line_errors(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
-
-
-def test_plan_refuses_a_profile_that_is_not_one(capsys, tmp_path):
-    path = tmp_path / "list.json"
-    path.write_text("[1, 2]")
-    code, _, err = run(capsys, "plan", "--profile", str(path))
-    assert code == 2 and "not a verispec profile" in err
-
-
-def test_demo_without_the_embedded_pair_leaves_the_eagle_methods_out(capsys, monkeypatch):
-    """The random stand-in pair has no EAGLE head: the default methods run without it, with a note;
-    asking for EAGLE methods only is a one-line error."""
-    import verispec.demo as demo
-
-    monkeypatch.setattr(demo, "embedded_pair_available", lambda: False)
-    code, out, err = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "4", "--threads", "1",
-                         "--json")
-    assert code == 0 and "EAGLE methods are left out" in err
-    assert {row["method"] for row in json.loads(out)["prompts"]} == {"chain", "tree", "ngram"}
-    code, _, err = run(capsys, "demo", "--target", "tiny", "--methods", "eagle", "--threads", "1")
-    assert code == 2 and "only EAGLE methods" in err
 
 
 # ---- bad input everywhere: one line on stderr, exit 2, and before any long work ---------------------------
@@ -222,24 +153,6 @@ def test_bad_input_is_one_line_before_any_long_work(capsys, monkeypatch, argv, m
     no_long_work(monkeypatch)
     code, _, err = run_to_exit(capsys, *argv)
     assert one_line_error(code, err, message), (code, err)
-
-
-def test_profile_refuses_an_out_path_that_is_a_folder_and_a_context_past_the_model_before_measuring(
-        capsys, monkeypatch, tmp_path):
-    import verispec.profile
-
-    def refuse(*args, **kwargs):
-        raise LongWork
-
-    monkeypatch.setattr(verispec.profile, "profile", refuse)
-    code, _, err = run_to_exit(capsys, "profile", "--target", "tiny", "--out", str(tmp_path))
-    assert one_line_error(code, err, "is a folder")
-    code, _, err = run_to_exit(capsys, "profile", "--target", "tiny", "--plot", str(tmp_path / "no" / "v.png"),
-                       "--out", str(tmp_path / "p.json"))
-    assert one_line_error(code, err, "--plot")
-    code, _, err = run_to_exit(capsys, "profile", "--target", "tiny", "--context", "100000",
-                               "--out", str(tmp_path / "p.json"))
-    assert one_line_error(code, err, "exceed the target's context")
 
 
 def test_train_help_exits_0(capsys):
@@ -331,20 +244,3 @@ def test_compressed_checkpoint_config_that_does_not_fit_is_one_line(capsys, tmp_
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     code, _, err = run_to_exit(capsys, "generate", "hi", "--target", str(tmp_path), "--no-spec", "--max-tokens", "2")
     assert one_line_error(code, err, message), err
-
-
-def test_one_spelling_for_the_adaptive_policy_in_generate_and_serve():
-    """generate takes serve's --adaptive and serve takes generate's --gamma-policy adaptive."""
-    from verispec.cli import build_parser
-    from verispec.options import spec_from_args
-    from verispec.server.cli import config_from_args
-
-    parser = build_parser()
-    assert spec_from_args(parser.parse_args(["generate", "x", "--adaptive"])).gamma_policy == "adaptive"
-    assert spec_from_args(parser.parse_args(["generate", "x"])).gamma_policy == "fixed"
-    served = parser.parse_args(["serve", "--gamma-policy", "adaptive"])
-    config_from_args(served)
-    assert served.adaptive
-    plain = parser.parse_args(["serve", "--gamma-policy", "fixed"])
-    config_from_args(plain)
-    assert not plain.adaptive

@@ -1,5 +1,6 @@
-"""loading.py without loading a model: target names and paths, the draft vocabulary, checkpoint files,
-tokenizer agreement, and the refusals that come before anything runs, each with its message."""
+"""loading.py without loading a model: target names and paths, the draft vocabulary, EAGLE heads, EOS ids
+and prompts, and the refusals that come before anything runs, each with its message. Checkpoint files,
+devices and tokenizer agreement: test_checkpoints.py; building engines: test_engine_factory.py."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from verispec import loading
 from verispec.config import SpecConfig
 from verispec.errors import CheckpointError, VerispecError
 from verispec.loading import (DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED_DRAFT_VOCAB, SMOLLM2_DRAFT, SMOLLM2_INSTALL,
-                              ModelPair, build_engine, check_compatible, check_model_args, draft_vocab_of,
-                              encode_prompt, eos_ids, load_model, load_pair, load_shared_draft, load_tokenizer,
-                              resolve_device, resolve_draft_vocab, resolve_eagle, resolve_target, shares_embedding,
-                              smollm2_path)
+                              ModelPair, build_engine, check_model_args, draft_vocab_of, encode_prompt, eos_ids,
+                              load_pair, resolve_draft_vocab, resolve_eagle, resolve_target, smollm2_path)
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 from verispec.models.protocol import Capabilities
 
@@ -139,61 +137,12 @@ def test_draft_vocab_of_without_a_config():
     assert draft_vocab_of(pair(draft_dir=Path("/nonexistent/draft"))) is None
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"verispec_shared_embedding": True}, True), ({"verispec_shared_embedding": False}, False), ({}, False),
-    ("[true]", False), ("{broken", False),
-])
-def test_shares_embedding_reads_the_flag_and_tolerates_anything_else(tmp_path, config, expected):
-    assert shares_embedding(config_dir(tmp_path, "d", config)) is expected
-
-
-def test_shares_embedding_without_a_config(tmp_path):
-    assert shares_embedding(tmp_path / "missing") is False
-
-
-def test_a_shared_embedding_draft_needs_a_native_target(tmp_path):
-    with pytest.raises(CheckpointError, match="shares the target's embedding, which needs a native "
-                                              "Llama-family target"):
-        load_shared_draft(tmp_path, SimpleNamespace())
-
-
-# ---- checkpoint files and devices ---------------------------------------------------------------------
-
-
-def test_checkpoint_folders_are_checked_before_loading(tmp_path):
-    with pytest.raises(CheckpointError, match="does not exist"):
-        load_model(tmp_path / "nowhere")
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(CheckpointError, match=r"is a file, not a checkpoint directory"):
-        load_model(tmp_path / "file")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match=r"has no config.json; is it an HF checkpoint directory\?"):
-        load_model(tmp_path / "empty")
-    with pytest.raises(CheckpointError, match=r"is not valid JSON .*; re-export the checkpoint"):
-        load_model(config_dir(tmp_path, "bad", "{"))
-    with pytest.raises(CheckpointError, match=r"is not a JSON object; re-export the checkpoint"):
-        load_model(config_dir(tmp_path, "list", "[]"))
-    with pytest.raises(CheckpointError, match=r"unknown backend 'onnx'; choose one of auto, native, hf"):
-        load_model(tmp_path / "empty", backend="onnx")
-
-
-def test_a_tokenizer_needs_its_files_in_the_checkpoint(tmp_path):
-    with pytest.raises(CheckpointError, match=r"has no tokenizer files \(tokenizer.json\); copy the tokenizer"):
-        load_tokenizer(config_dir(tmp_path, "model", {}))
+# ---- draft weights and EAGLE heads --------------------------------------------------------------------
 
 
 def test_unknown_draft_weights_are_refused_before_anything_loads():
     with pytest.raises(CheckpointError, match=r"unknown draft weights 'fp8'; choose one of int8, native"):
         load_pair("/nonexistent/target", draft_weights="fp8")
-
-
-def test_devices():
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
-    with pytest.raises(CheckpointError, match=r"unknown device 'tpu'; use cpu or cuda"):
-        resolve_device("tpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(CheckpointError, match="--device cuda was requested but no CUDA device is available"):
-            resolve_device("cuda")
 
 
 def test_eagle_heads_come_from_a_folder_or_the_named_targets_shipped_one(tmp_path):
@@ -207,51 +156,7 @@ def test_eagle_heads_come_from_a_folder_or_the_named_targets_shipped_one(tmp_pat
         assert resolve_eagle("tiny", None) == loading.SHIPPED_EAGLE["tiny"]
 
 
-# ---- vocabularies and tokenizers --------------------------------------------------------------------
-
-
-def test_a_draft_of_another_vocabulary_size_is_refused():
-    target, draft = (SimpleNamespace(config=SimpleNamespace(vocab_size=n)) for n in (100, 64))
-    check_compatible(target, SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
-    with pytest.raises(CheckpointError) as caught:
-        check_compatible(target, draft)
-    assert str(caught.value) == ("the draft's vocabulary (64 tokens) differs from the target's (100); speculative "
-                                 "decoding needs a draft with the target's tokenizer")
-
-
-def test_tokenizers_are_judged_by_ids_below_the_vocabulary():
-    """A token a tokenizer class adds past the model's vocabulary at load time does not make two
-    tokenizers different; a shifted id or another EOS does."""
-    from verispec.loading import same_token_ids
-
-    class Fake:
-        def __init__(self, vocab, eos=0, bos=None):
-            self.vocab, self.eos_token_id, self.bos_token_id = vocab, eos, bos
-
-        def get_vocab(self):
-            return dict(self.vocab)
-
-    base = {"a": 0, "b": 1, "c": 2}
-    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=3)
-    assert same_token_ids(Fake(base), Fake({**base, "<|endoftext|>": 3}), vocab_size=8)  # an id only one has
-    assert not same_token_ids(Fake(base), Fake({**base, "c2": 2}), vocab_size=8)  # id 2 names two tokens
-    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 2, "c": 1}), vocab_size=3)
-    assert not same_token_ids(Fake(base), Fake({"a": 0, "b": 1, "c": 2, "d": 3}, eos=2), vocab_size=4)
-
-
-def test_same_token_ids_compares_every_id_when_no_size_is_given():
-    class Fake:
-        def __init__(self, vocab, eos=0, bos=None):
-            self.vocab, self.eos_token_id, self.bos_token_id = vocab, eos, bos
-
-        def get_vocab(self):
-            return dict(self.vocab)
-
-    base = {"a": 0, "b": 1}
-    assert loading.same_token_ids(Fake(base), Fake(dict(base)))
-    assert not loading.same_token_ids(Fake({**base, "x": 5}), Fake({**base, "y": 5}))  # id 5 differs, however high
-    assert loading.same_token_ids(Fake({**base, "x": 5}), Fake({**base, "y": 5}), vocab_size=5)
-    assert not loading.same_token_ids(Fake(base, bos=1), Fake(base, bos=None))  # BOS counts like EOS
+# ---- EOS ids and prompts ------------------------------------------------------------------------------
 
 
 def test_eos_ids_join_the_models_and_the_tokenizers():
@@ -278,23 +183,6 @@ def test_prompts_are_encoded_without_special_tokens_or_through_the_chat_template
 
 
 # ---- engines --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("spec, message", [
-    (SpecConfig(gamma=3), "--method chain needs a draft model; pass --draft DIR or use --no-spec"),
-    (SpecConfig(method="tree"), "--method tree needs a draft model"),
-    (SpecConfig(drafter="eagle"), "--method eagle needs a head; load the pair with need_eagle=True"),
-])
-def test_an_engine_without_what_its_method_drafts_with_is_refused(spec, message):
-    with pytest.raises(CheckpointError) as caught:
-        build_engine(pair(), spec)
-    assert message in str(caught.value)
-
-
-def test_a_draft_vocabulary_needs_the_native_draft():
-    with pytest.raises(CheckpointError, match="--draft-vocab needs the native Llama-family draft model; pass "
-                                              "--draft-vocab all"):
-        build_engine(pair(draft=SimpleNamespace(capabilities=Capabilities(trees=True))), SpecConfig(draft_vocab=100))
 
 
 def test_models_declare_what_they_can_do_and_the_protocol_is_checked():

@@ -19,7 +19,6 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import SamplingError
-from verispec.guide import Guide
 from verispec.loading import ModelPair, build_engine, load_pair
 
 PENALIZED = SamplingParams(temperature=0, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.6)
@@ -58,33 +57,6 @@ def slow_greedy(target, prompt: list[int], sampling: SamplingParams, tokens: int
             logits = target.train_forward(torch.tensor([prompt + output]))[0][0, -1]
             output.append(int(reference_penalized(logits, prompt, output, sampling).argmax()))
     return output
-
-
-def test_rows_apply_the_reference_formula():
-    torch.manual_seed(0)
-    sampling = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.3, repetition_penalty=1.7)
-    prompt, output = [1, 2, 2, 9], [3, 3, 5, 1]
-    guide = Guide.for_request(sampling, prompt, 12)
-    guide.advance(output[:2])
-    allowed, forced, rows = guide.round_masks(output[2:])
-    logits = torch.randn(3, 12)
-    got = rows.apply(logits)
-    for i in range(3):
-        expected = reference_penalized(logits[i], prompt, output[:2 + i], sampling)
-        assert torch.allclose(got[i].double(), expected, atol=1e-6), i
-    assert allowed == 2 and forced == []
-    guide.unstage()
-    assert torch.allclose(guide.mask().apply(logits[0]).double(), reference_penalized(logits[0], prompt, output[:2],
-                                                                                      sampling), atol=1e-6)
-
-
-def test_tree_rows_count_each_nodes_own_path():
-    sampling = SamplingParams(frequency_penalty=1.0)
-    guide = Guide.for_request(sampling, [0], 8)
-    guide.advance([4])
-    rows = guide.tree_masks([-1, 0, 0, 1, 3], [4, 5, 4, 5, 6])
-    assert rows.counts[:, 4].tolist() == [1, 1, 2, 1, 1] and rows.counts[:, 5].tolist() == [0, 1, 0, 2, 2]
-    assert rows.counts[4, 6] == 1 and rows.counts[3, 6] == 0
 
 
 @pytest.mark.parametrize("name, value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),

@@ -33,10 +33,7 @@ from verispec.config import SamplingParams, SpecConfig, StopRules  # noqa: E402
 from verispec.engine import SpecEngine  # noqa: E402
 from verispec.loading import ModelPair, load_pair  # noqa: E402
 from verispec.server.app import GracefulServer, create_app  # noqa: E402
-from verispec.server.prepare import RequestBuilder  # noqa: E402
 from verispec.server.scheduler import ServerConfig  # noqa: E402
-from verispec.server.schemas import ChatCompletionRequest, CompletionRequest  # noqa: E402
-from verispec.server.text import StreamText  # noqa: E402
 from verispec.testing import make_byte_tokenizer, make_checkpoint  # noqa: E402
 
 MODEL = "target"  # the served model id: the target directory's name
@@ -243,24 +240,6 @@ def test_seeded_sampling_is_reproducible(client):
                                          top_p=0.95, extra_body={"top_k": 50, "min_p": 0.01,
                                                                  "ignore_eos": True}).choices[0].text
     assert sample(7) == sample(7)
-
-
-def test_chat_requests_also_stop_at_end_of_message(pair):
-    builder = RequestBuilder(pair.tokenizer, pair.target, MODEL, lambda request: None, 512)
-    end = pair.tokenizer.get_vocab()["<|end|>"]
-    chat = builder.chat(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]))
-    completion = builder.completion(CompletionRequest(prompt="hi"))
-    assert end in chat.request.stop.eos_ids and end not in completion.request.stop.eos_ids
-    assert pair.tokenizer.eos_token_id in completion.request.stop.eos_ids
-
-
-def test_stream_text_holds_back_what_may_change():
-    text = StreamText(lambda ids: "".join(map(chr, ids)), stop_strings=("lo!",))
-    assert text.add([ord(c) for c in "Hel"]) == "He"  # "l" may start "lo!"
-    assert text.add([ord("p")]) == "lp"
-    assert text.add([0xFFFD]) == ""  # an incomplete character
-    assert text.finish([ord("l"), ord("o"), ord("!")], stop_text_index=5) == "\ufffd"  # "Help\ufffd|lo!"
-    assert text.sent == "Help\ufffd"
 
 
 # ---- speculative statistics --------------------------------------------------------------------------------

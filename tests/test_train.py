@@ -1,69 +1,19 @@
-"""Training pipeline: split hygiene, checkable synthetic math, the shipped tokenizer, and losses that learn."""
+"""Training entry points: the shipped model files, draft construction (target samples, growing and
+narrowing a draft) and the `verispec train` CLI's flags and errors. The library modules of verispec/train each
+have a tests/test_train_<module>.py."""
 
 from __future__ import annotations
 
 import random
-import re
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from train_helpers import repeating_batch, tiny
 
 from verispec.loading import DATA_DIR
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
-from verispec.train import corpus
-from verispec.train.chat_format import render_chat
-from verispec.train.losses import distillation_loss, layerskip_loss
-from verispec.train.recipes import LayerSkipConfig
-from verispec.train.synthetic_math import make_problem
+from verispec.train.losses import layerskip_loss
 from verispec.train.target import init_weights
-
-
-def test_split_is_stable_and_disjoint():
-    ids = [f"doc-{i}" for i in range(3000)]
-    heldout = {i for i in ids if corpus.is_heldout(i)}
-    assert 0.015 < len(heldout) / len(ids) < 0.05
-    assert heldout == {i for i in ids if corpus.is_heldout(i)}  # deterministic
-    train, held = corpus.load_workload("math", "train"), corpus.load_workload("math", "heldout")
-    assert held and not set(train) & set(held)
-
-
-def test_synthetic_math_answers_are_correct():
-    """Every step 'a op b = c' in the worked answer is arithmetic truth, and the final answer is c."""
-    for index in range(300):
-        problem = make_problem(index)
-        steps = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", problem)
-        assert steps, problem
-        for a, op, b, c in steps:
-            assert eval(f"{a} {op} {b}") == int(c), problem
-        assert problem.endswith(f"The answer is {steps[-1][3]}.")
-
-
-def test_shipped_tokenizer_loads_with_chat_template():
-    tokenizer = AutoTokenizer.from_pretrained(str(DATA_DIR / "target"))
-    assert len(tokenizer) == 8192 and tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 0
-    text = "def add(a, b):\n    return a + b  # ünïcode ok\n"
-    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
-    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert rendered == render_chat(messages, add_generation_prompt=True)
-
-
-def test_compacted_tokenizer_json_is_the_same_tokenizer_in_fewer_bytes(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    from verispec.train.tokenizer import compact_tokenizer_json
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.train_from_iterator(["def f(x):\n    return x + 1\n"] * 20,
-                                  trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False))
-    path = tmp_path / "tokenizer.json"
-    tokenizer.save(str(path), pretty=True)
-    pretty_size = path.stat().st_size
-    compact_tokenizer_json(path)
-    assert path.stat().st_size < 0.8 * pretty_size
-    assert Tokenizer.from_file(str(path)).to_str() == tokenizer.to_str()
 
 
 def test_shipped_model_files_fit_the_size_limit():
@@ -71,64 +21,6 @@ def test_shipped_model_files_fit_the_size_limit():
     files = [f for name in ("target", "draft") for f in (DATA_DIR / name).iterdir() if f.is_file()]
     assert {f.name for f in files} >= {"config.json", "model.safetensors", "tokenizer.json"}
     assert sum(f.stat().st_size for f in files) <= 40_000_000
-
-
-def tiny(layers=3, hidden=32, seed=0, std=0.02):
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=64,
-                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=True))
-    init_weights(model, std)
-    return model
-
-
-def repeating_batch():
-    pattern = torch.tensor([3, 7, 11, 19, 23, 5, 9, 13])
-    return pattern.repeat(4, 5)[:, :33]  # (B, T + 1)
-
-
-def test_layerskip_loss_learns_and_trains_early_exits():
-    model = tiny()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    rng, tokens = random.Random(0), repeating_batch()
-    config = LayerSkipConfig(max_dropout=0.2, exits_per_micro_batch=2, exit_loss_scale=0.5)
-    first = last = None
-    for step in range(60):
-        loss, scalars = layerskip_loss(model, tokens, config, step, rng)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        first = first if first is not None else scalars
-        last = scalars
-    assert last["final_loss"] < 0.3 * first["final_loss"]
-    assert any(key.startswith("exit") for key in last)
-
-
-def test_distillation_pulls_the_draft_towards_the_teacher():
-    teacher, draft = tiny(seed=1, std=0.3), tiny(layers=1, seed=2)  # a peaked, far-from-uniform teacher
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
-    tokens = repeating_batch()
-    kls = []
-    for _ in range(40):
-        loss, scalars = distillation_loss(draft, teacher, tokens, ce_weight=0.2)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        kls.append(scalars["kl"])
-    assert kls[0] >= 0 and kls[-1] < 0.5 * kls[0]
-
-
-def test_argmax_term_adds_cross_entropy_on_the_teachers_argmax():
-    teacher, draft = tiny(seed=1, std=0.3), tiny(layers=1, seed=2)
-    tokens = repeating_batch()
-    with torch.no_grad():
-        plain, _ = distillation_loss(draft, teacher, tokens, ce_weight=0.2)
-        weighted, scalars = distillation_loss(draft, teacher, tokens, ce_weight=0.2, argmax_weight=0.5)
-        argmax = teacher.train_forward(tokens[:, :-1])[0].argmax(dim=-1)
-        reference = torch.nn.functional.cross_entropy(draft.train_forward(tokens[:, :-1])[0].reshape(-1, 50),
-                                                      argmax.reshape(-1))
-    assert scalars["argmax_ce"] == pytest.approx(reference.item(), rel=1e-5)
-    assert (weighted - plain).item() == pytest.approx(0.5 * reference.item(), rel=1e-4)
 
 
 def test_target_samples_equal_a_stateless_sampler_and_mix_at_the_set_fraction():
@@ -222,30 +114,6 @@ def test_draft_mix_and_recipe_flags_reach_the_recipe():
             _draft_recipe(_parser().parse_args(["draft", "--minutes", "1", *bad]))
 
 
-def test_bf16_training_runs_under_autocast_learns_and_keeps_float32_state():
-    from verispec.train.loop import BudgetedLoop
-    from verispec.train.recipes import OptimConfig
-
-    model, tokens, seen = tiny(), repeating_batch(), []
-
-    def loss_fn(batch, micro_step):
-        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
-        loss, scalars = layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step,
-                                       random.Random(0))
-        return loss, scalars
-
-    config = OptimConfig(lr=1e-2, warmup_steps=1, accum_steps=1, plan_after_steps=1, log_every=1,
-                         precision="bf16")
-    history = BudgetedLoop(model, config, minutes=0.03).run(iter(lambda: tokens, None), loss_fn)
-    assert history.steps_done >= 20 and set(seen) == {(True, torch.bfloat16)}
-    assert history.records[-1]["final_loss"] < 0.3 * history.records[0]["final_loss"]
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    seen.clear()
-    BudgetedLoop(tiny(), OptimConfig(accum_steps=1, plan_after_steps=1), minutes=0.001).run(
-        iter(lambda: tokens, None), loss_fn)
-    assert seen and not any(enabled for enabled, _ in seen)  # fp32 (the recipe default) does not autocast
-
-
 def test_precision_auto_follows_the_cpu_flags_and_target_flags_reach_the_recipe():
     from verispec.train.train import _parser, _target_recipe, cpu_has_bf16_matrix_units
 
@@ -281,70 +149,6 @@ def test_target_init_that_is_missing_or_does_not_fit_is_one_clear_error(tmp_path
         root.handlers[:], root.level = handlers, level
     assert "does not fit the target recipe" in (tmp_path / "run" / "train.log").read_text()
     assert not (tmp_path / "out").exists()
-
-
-def test_card_acceptance_pools_prompts_and_brackets_them(tmp_path):
-    """The model card's acceptance: pooled over prompts (accepted / proposed, as the engine counts them),
-    with a bootstrap interval that brackets the pooled rate; a draft identical to the target accepts all."""
-    from verispec.config import SamplingParams, SpecConfig, StopRules
-    from verispec.drafters import DraftModelDrafter
-    from verispec.engine import SpecEngine
-    from verispec.models.llama import load_checkpoint
-    from verispec.testing import make_checkpoint
-    from verispec.train.card import acceptance_by_workload, render
-
-    target = load_checkpoint(make_checkpoint(tmp_path / "t", 64, hidden=32, layers=2, seed=3, via_transformers=False))
-    draft = load_checkpoint(make_checkpoint(tmp_path / "d", 64, hidden=16, layers=1, heads=2, kv_heads=1, seed=4,
-                                            via_transformers=False))
-    rng = random.Random(0)
-    prompts = {"code": [[rng.randrange(1, 64) for _ in range(6)] for _ in range(12)]}
-    chain, greedy = SpecConfig(method="chain", gamma=4), SamplingParams(temperature=0.0)
-
-    class Count:
-        runs = 0
-
-        def update(self, n):
-            self.runs += n
-
-    progress = Count()
-    same = acceptance_by_workload(SpecEngine(target, DraftModelDrafter(target)), prompts, chain, greedy, 21, progress)
-    assert same["code"]["acceptance_rate"] == 1.0 and same["code"]["acceptance_interval"] == (1.0, 1.0)
-    assert same["code"]["committed_per_round"] == 5.0  # 21 tokens: prefill's 1, then 4 rounds of 4 drafts + bonus
-    engine = SpecEngine(target, DraftModelDrafter(draft))
-    got = acceptance_by_workload(engine, prompts, chain, greedy, 20, progress)["code"]
-    assert progress.runs == 24 and got["prompts"] == 12
-    runs = [engine.generate(ids, greedy, chain, StopRules(max_tokens=20, ignore_eos=True), seed=seed).stats
-            for seed, ids in enumerate(prompts["code"])]
-    pooled = sum(s.accepted for s in runs) / sum(s.drafted for s in runs)
-    assert got["acceptance_rate"] == pytest.approx(pooled) and 0.0 < pooled < 1.0
-    low, high = got["acceptance_interval"]
-    assert low < pooled < high
-    measured = {"chain_gamma4": {"greedy": {"code": got}, "t1": {"code": got}}, "prompts_per_workload": 12,
-                "max_tokens": 20, "early_exit_greedy_gamma4": {}, "unadapted_early_exit_greedy_gamma4": {}}
-    assert f"{pooled:.3f} [{low:.3f}-{high:.3f}]" in render(measured)
-
-
-def test_step_estimate_is_renewed_when_the_first_steps_were_slow():
-    """The plan from the first steps (slow here: 60 ms of 'warm-up') undershoots; the renewed estimate
-    that sizes the progress bar ends near the steps actually run."""
-    import time as clock
-
-    from verispec.train.loop import BudgetedLoop
-    from verispec.train.recipes import OptimConfig
-
-    model, tokens = tiny(), repeating_batch()
-
-    def loss_fn(batch, micro_step):
-        if micro_step < 2:
-            clock.sleep(0.06)
-        else:
-            clock.sleep(0.005)
-        return layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step, random.Random(0))
-
-    config = OptimConfig(accum_steps=1, plan_after_steps=2, log_every=1)
-    history = BudgetedLoop(model, config, minutes=0.012).run(iter(lambda: tokens, None), loss_fn)
-    assert history.planned_steps < 0.6 * history.steps_done
-    assert abs(history.estimated_steps - history.steps_done) <= max(2, 0.1 * history.steps_done)
 
 
 def test_no_layerskip_flag_trains_a_plain_baseline_target():

@@ -116,13 +116,15 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         args.method = "none"
     if args.method == "none":
         if args.adaptive:
-            raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
+            raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation "
+                                "(drop --method none)")
         spec = SpecConfig(method="none")
     else:
         from verispec.options import spec_from_args
 
         if args.adaptive and (args.method == "tree" or args.tree):
-            raise VerispecError("--adaptive chooses a chain's length; a tree drafts its shape (drop --adaptive or --tree)")
+            raise VerispecError("--adaptive chooses a chain's length; a tree drafts its shape "
+                                "(drop --adaptive or --tree)")
         args.gamma_policy = "adaptive" if args.adaptive else "fixed"
         spec = spec_from_args(args)
     if args.max_body_bytes < 1024:

@@ -26,7 +26,7 @@ NEW_TOKENIZER_DIR = "runs/tokenizer/model"
 TARGET_DIR = "verispec/data/target"
 DRAFT_DIR = "verispec/data/draft"
 SMOLLM2_DRAFT_DIR = "verispec/data/smollm2-draft"  # the draft for SmolLM2 (``verispec train draft --target smollm2``)
-COMPRESSED_DIR = "runs/compressed/model"  # not shipped: trained on demand for issue-6 figures
+COMPRESSED_DIR = "runs/compressed/model"  # not shipped: trained on demand (verispec train compressed)
 
 
 def target_model_config() -> LlamaConfig:

@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="draft steps trained per position (training-time test; default 2)")
     eagle.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
 
-    compressed = commands.add_parser("compressed", help="train a compressed-attention target (issue-6 figures)")
+    compressed = commands.add_parser("compressed", help="train a compressed-attention target (not shipped)")
     compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
     compressed.add_argument("--tokenizer", default=TOKENIZER_DIR)
     compressed.add_argument("--draft", default=DRAFT_DIR, help="draft to evaluate against it (same tokenizer)")

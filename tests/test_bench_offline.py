@@ -1,0 +1,25 @@
+"""verispec.bench.offline: the native runner records failed requests instead of dropping them."""
+
+from __future__ import annotations
+
+from verispec.bench.config import BenchConfig, parse_variant
+from verispec.bench.offline import Job, NativeRunner
+from verispec.bench.records import summarize
+from verispec.bench.workloads import BenchPrompt
+from verispec.config import SamplingParams, StopRules
+
+
+def test_failed_request_is_recorded_not_dropped(byte_pair):
+    from verispec.loading import load_pair
+
+    pair = load_pair(*byte_pair)
+    variant = parse_variant("chain", BenchConfig().spec)
+    runner = NativeRunner(pair, variant, SamplingParams(temperature=0), 60.0, lambda ids: "")
+    good = BenchPrompt("p0", "chat", "hi", "raw", (5, 6, 7), 4)
+    too_long = BenchPrompt("p1", "chat", "x", "raw", tuple([5] * 600), 4)  # beyond the 512-token context
+    jobs = [Job(p, StopRules(max_tokens=4), 0, 0, "c1") for p in (good, too_long)]
+    for concurrency in (1, 2):
+        records = runner.run(jobs, concurrency)
+        assert [r.status for r in records] == ["ok", "error"] and "context" in records[1].error
+        s = summarize(records, 1.0)
+        assert s["requests"] == 2 and s["error_rate"] == 0.5 and s["quality"]["chat"]["failed"] == 0.5

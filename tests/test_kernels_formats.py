@@ -1,0 +1,84 @@
+"""kernels/formats.py: a packed weight's input width per format, GGUF block sizes and their exact
+dequantization (hand-built blocks), and the int8 rows' layout. Pure tensor code: no kernel needed."""
+
+import pytest
+import torch
+
+from verispec.kernels.formats import (BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, _random_blocks,
+                                      block_bytes, dequantize_blocks, packed_inputs)
+
+
+def test_formats_are_told_apart_by_dtype():
+    assert [form.name for form in FORMATS.values()] == ["fp32", "bf16", "amx-bf16", "int8", "amx-int8", "Q4_1", "Q8_0"]
+    assert sorted(form.wtype for form in FORMATS.values()) == list(range(7))  # the C source's weight types
+    assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}
+    assert block_bytes("Q4_1") == 20 and block_bytes("Q8_0") == 34  # fp16 d (and m), then 16 or 32 bytes
+
+
+@pytest.mark.parametrize("dtype, columns", [
+    (torch.float32, 64), (torch.bfloat16, 64), (torch.int16, 64),
+    (torch.int8, 68), (torch.uint8, 68),  # an fp32 scale's 4 bytes, then the values
+    (torch.int32, 10), (torch.uint16, 34),  # two GGUF blocks of 32 weights: 2 * 20 bytes, 2 * 34 bytes
+])
+def test_packed_inputs_of_each_format(dtype, columns):
+    assert packed_inputs(torch.zeros(16, columns, dtype=dtype)) == 64
+
+
+def test_packed_inputs_refuses_what_no_format_can_be():
+    with pytest.raises(ValueError, match=r"not a packed weight for the kernel: torch.float64 of shape \(4, 8\)"):
+        packed_inputs(torch.zeros(4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="not a packed weight"):
+        packed_inputs(torch.zeros(8))
+    with pytest.raises(ValueError, match=r"a fp32 weight of \(4, 12\) .* multiple of 8 inputs"):
+        packed_inputs(torch.zeros(4, 12))
+    with pytest.raises(ValueError, match="amx-bf16 weight .* multiple of 32 inputs"):
+        packed_inputs(torch.zeros(8, 32, dtype=torch.int16))  # tiles need N % 16 == 0
+    with pytest.raises(ValueError, match="Q8_0 weight"):
+        packed_inputs(torch.zeros(4, 33, dtype=torch.uint16))  # not whole blocks
+    with pytest.raises(ValueError, match="int8 weight"):
+        packed_inputs(torch.zeros(4, 4, dtype=torch.int8))  # a scale and no values
+
+
+def _half_bytes(value: float) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.float16).view(torch.uint8)
+
+
+def test_q8_0_block_is_d_times_its_int8_values():
+    q = torch.arange(-16, 16, dtype=torch.int8)
+    row = torch.cat([_half_bytes(0.5), q.view(torch.uint8)])  # one block: d, then 32 int8 values
+    values = dequantize_blocks("Q8_0", row[None])
+    torch.testing.assert_close(values, 0.5 * q.float()[None], rtol=0, atol=0)
+
+
+def test_q4_1_block_is_d_times_its_nibbles_plus_m():
+    q = torch.tensor([(3 * i) % 16 for i in range(32)], dtype=torch.uint8)
+    packed = q[:16] | (q[16:] << 4)  # weight j in the low nibble of byte j, weight j + 16 in the high one
+    row = torch.cat([_half_bytes(0.25), _half_bytes(-1.0), packed, _half_bytes(2.0), _half_bytes(0.0), packed])
+    values = dequantize_blocks("Q4_1", row[None])
+    want = torch.cat([0.25 * q.float() - 1.0, 2.0 * q.float()])
+    torch.testing.assert_close(values, want[None], rtol=0, atol=0)
+
+
+def test_random_blocks_have_finite_scales_and_whole_rows():
+    generator = torch.Generator().manual_seed(0)
+    for kind in BLOCK_FORMATS:
+        raw = _random_blocks(kind, 5, 96, generator)
+        assert raw.shape == (5, 3 * block_bytes(kind)) and raw.dtype == torch.uint8
+        values = dequantize_blocks(kind, raw)
+        assert values.shape == (5, 96) and torch.isfinite(values).all()
+        assert packed_inputs(raw.view(BLOCK_FORMATS[kind])) == 96
+
+
+def test_int8_rows_hold_their_scale_then_values():
+    weight = torch.tensor([[1.0, -2.0, 0.5, 127.0], [0.0, 0.0, 0.0, 0.0]])
+    values, scale = _int8_values(weight)
+    assert values.dtype == torch.int8 and values.tolist() == [[1, -2, 0, 127], [0, 0, 0, 0]]  # 0.5 rounds to even
+    assert scale[0].item() == 1.0 and scale[1].item() > 0  # an all-zero row still has a usable scale
+    rows = _int8_rows(values, scale)
+    assert rows.shape == (2, 8)
+    assert rows[:, :4].contiguous().view(torch.float32).flatten().tolist() == scale.flatten().tolist()
+    assert torch.equal(rows[:, 4:], values)
+    spread = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+    values, scale = _int8_values(spread)
+    assert values.abs().max() == 127
+    assert ((values.float() * scale - spread).abs() <= scale / 2 + 1e-7).all()  # rounded to the nearest step
