@@ -129,3 +129,14 @@ def test_tree_rounds_are_cut_to_the_tokens_left(models):  # noqa: F811
     _, finished = run_batched(BatchEngine(target, draft, SPECS["tree"], max_batch=3), queue)
     rounds = [r for event in finished.values() for r in event.stats.rounds]
     assert rounds and all(r.drafted <= 1 and r.tree_nodes <= 2 for r in rounds)
+
+
+@pytest.mark.parametrize("rows", [5, 17])
+def test_tree_rows_keep_greedy_outputs_in_wide_batches(models, rows):  # noqa: F811
+    """17 rows of 6-node trees make a 102-row verification pass (past the few-row kernel, into torch's
+    GEMM): logits may differ from a row's own pass in the last bits, greedy tokens do not."""
+    target, draft = models
+    queue = requests(rows, GREEDY, seed=11)
+    out, _ = run_batched(BatchEngine(target, draft, SPECS["tree"], max_batch=rows), queue)
+    for request in queue:
+        assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))

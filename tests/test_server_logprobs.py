@@ -31,7 +31,8 @@ from verispec.stopping import apply_stop_rules  # noqa: E402
 TOLERANCE = 1e-5
 METHODS = ("model", "perfect", "ngram", "none")
 SPECS = {"model": SpecConfig(gamma=3), "perfect": SpecConfig(gamma=3), "ngram": SpecConfig(gamma=3, drafter="ngram"),
-         "none": SpecConfig(method="none")}
+         "none": SpecConfig(method="none"), "tree": SpecConfig(method="tree", tree="s3_k2_d6"),
+         "perfect-tree": SpecConfig(method="tree", tree="s3_k2_d6")}
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
 
@@ -365,13 +366,14 @@ def _run(engine, requests) -> dict[str, tuple[list[int], list[TokenLogprob]]]:
     return out
 
 
-@pytest.mark.parametrize("method", ["model", "perfect", "ngram", "none"])
+@pytest.mark.parametrize("method", ["model", "perfect", "ngram", "none", "tree", "perfect-tree"])
 def test_processed_logprobs_are_the_sampling_distributions(pair, method):
     """``logprobs_mode="processed"``: each token's log-probability under the distribution it was drawn
     from (temperature, top-k, top-p applied; 0.0 for greedy picks), for accepted, recovered and bonus
-    tokens alike, equal to the target's own processed distribution at that position within 1e-5; raw
-    mode in the same engine run still reports the raw log-softmax."""
-    perfect = method == "perfect"
+    tokens alike (a tree's read off its accepted path's rows), equal to the target's own processed
+    distribution at that position within 1e-5; raw mode in the same engine run still reports the raw
+    log-softmax."""
+    perfect = method.startswith("perfect")
     draft = pair.target if perfect else pair.draft
     engine = BatchEngine(pair.target, draft, SPECS[method], max_batch=4, logprobs_mode="processed")
     settings = {"t07k8": SamplingParams(temperature=0.7, top_k=8), "t1p9": SamplingParams(temperature=1.0, top_p=0.9),
