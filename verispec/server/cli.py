@@ -22,7 +22,9 @@ def add_parser(commands) -> None:
         "serve", help="OpenAI-compatible HTTP server with batched speculative decoding",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Requests "
                     "are batched continuously; each round drafts for every running request and verifies all "
-                    "of them in one target pass. With no --target, SmolLM2-135M-Instruct and its shipped draft.")
+                    "of them in one target pass. With no --target, SmolLM2-135M-Instruct and its shipped draft. "
+                    "Greedy output never depends on the batch; seeded sampled output is exact for a seed and a "
+                    "batch size, and may differ (never in distribution) with the batch size (docs/serving.md).")
     from verispec.options import add_model_options, add_threads_option
 
     add_model_options(serve)
