@@ -12,13 +12,34 @@ from verispec.train.losses import layerskip_loss
 from verispec.train.recipes import LayerSkipConfig
 
 
-def test_bf16_training_runs_under_autocast_learns_and_keeps_float32_state():
+class FakeClock:
+    """Stands in for the loop's ``time`` module: seconds pass only when a step says so, so the loop's
+    budget, plan and estimate do not depend on how busy the machine is."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    from verispec.train import loop
+
+    fake = FakeClock()
+    monkeypatch.setattr(loop, "time", fake)
+    return fake
+
+
+def test_bf16_training_runs_under_autocast_learns_and_keeps_float32_state(clock):
     from verispec.train.loop import BudgetedLoop
     from verispec.train.recipes import OptimConfig
 
     model, tokens, seen = tiny(), repeating_batch(), []
 
     def loss_fn(batch, micro_step):
+        clock.now += 0.03  # 1.8 s of budget: 60 steps
         seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         loss, scalars = layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step,
                                        random.Random(0))
@@ -36,21 +57,16 @@ def test_bf16_training_runs_under_autocast_learns_and_keeps_float32_state():
     assert seen and not any(enabled for enabled, _ in seen)  # fp32 (the recipe default) does not autocast
 
 
-def test_step_estimate_is_renewed_when_the_first_steps_were_slow():
+def test_step_estimate_is_renewed_when_the_first_steps_were_slow(clock):
     """The plan from the first steps (slow here: 60 ms of 'warm-up') undershoots; the renewed estimate
     that sizes the progress bar ends near the steps actually run."""
-    import time as clock
-
     from verispec.train.loop import BudgetedLoop
     from verispec.train.recipes import OptimConfig
 
     model, tokens = tiny(), repeating_batch()
 
     def loss_fn(batch, micro_step):
-        if micro_step < 2:
-            clock.sleep(0.06)
-        else:
-            clock.sleep(0.005)
+        clock.now += 0.06 if micro_step < 2 else 0.005
         return layerskip_loss(model, batch, LayerSkipConfig(max_dropout=0.0), micro_step, random.Random(0))
 
     config = OptimConfig(accum_steps=1, plan_after_steps=2, log_every=1)
