@@ -41,7 +41,7 @@ def _run_generate(args) -> int:
     import dataclasses
 
     from verispec.engine import SpecEngine
-    from verispec.loading import build_engine, check_model_args, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
+    from verispec.loading import build_single, check_model_args, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
 
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
@@ -62,7 +62,7 @@ def _run_generate(args) -> int:
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=tuple(eos_ids(tokenizer, pair.target)),
                      ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop))
     sampling = guided(sampling, grammar, pair, list(stop.eos_ids))
-    engine = build_engine(pair, spec)
+    engine = build_single(pair, spec)
     if prediction is not None:
         from verispec.drafters.prediction import PredictionDrafter
 

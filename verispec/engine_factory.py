@@ -63,6 +63,17 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
                       gamma_policy=policy)
 
 
+def build_single(pair: ModelPair, spec: SpecConfig):
+    """What decodes one request at a time (``verispec generate``): the batched engine as a batch of one
+    where the models batch (``verispec.batch.single``), else ``SpecEngine``; both with ``generate``."""
+    engine = build_engine(pair, spec)
+    if all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
+        from verispec.batch.single import BatchOfOne
+
+        return BatchOfOne(engine, spec)
+    return engine
+
+
 def check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
     """Refuse up front, from the models' declared ``Capabilities``, a method they cannot run (before any
     request runs)."""

@@ -114,8 +114,9 @@ class BatchEngine:
             raise VerispecError(f"prompt token ids must be in [0, {vocab}); got an id outside it")
         needed = len(request.prompt_ids) + request.stop.max_tokens
         if needed > self.max_len:
+            what = "the model's context" if self.max_len == self.target.config.max_context else "the context"
             raise ContextError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.stop.max_tokens}) "
-                               f"exceeds the context of {self.max_len} tokens")
+                               f"exceeds {what} of {self.max_len} tokens; shorten the prompt or lower max_tokens")
 
     def add(self, request: BatchRequest) -> list[BatchEvent]:
         """Prefill a new sequence into the next free row and emit its first token."""
