@@ -243,6 +243,7 @@ class Generation:
         self._round_features = features[0]
         return logits[0].cpu()
 
+    @torch.inference_mode()
     def _resume_from_exit(self, proposal: Proposal) -> torch.Tensor:
         """Target logits (K+1, V) reusing early-exit drafting: only x_K runs the first E layers (its
         predecessors' early KV is staged after the prefix); all K+1 positions resume at layer E."""

@@ -45,6 +45,7 @@ class EarlyExitDrafter(DrafterBase):
     def commit(self, context: list[int]) -> None:
         """The engine commits the shared cache; nothing of our own to roll back."""
 
+    @torch.inference_mode()  # the layers return inference tensors; the head must not record them for autograd
     def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
         assert self.cache is not None, "bind() the target cache first"

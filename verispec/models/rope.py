@@ -88,7 +88,7 @@ def _yarn_mscale(scale: float, mscale: float) -> float:
 def rotary_tables(frequencies: torch.Tensor, attention_factor: float, num_positions: int,
                   dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables (num_positions, D) in the rotate-half layout."""
-    angles = torch.outer(torch.arange(num_positions, dtype=torch.float64), frequencies)
+    angles = torch.outer(torch.arange(num_positions, dtype=torch.float64), frequencies.cpu().double())  # on the CPU: the same tables on every device
     angles = torch.cat([angles, angles], dim=-1)
     cos = (angles.cos() * attention_factor).to(dtype=dtype, device=device)
     sin = (angles.sin() * attention_factor).to(dtype=dtype, device=device)

@@ -97,8 +97,11 @@ def verify_chain_batch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     """
     batch, num_drafts = draft_tokens.shape
     assert target_probs.shape[:2] == (batch, num_drafts + 1), target_probs.shape
-    rows = torch.arange(batch)[:, None]
-    steps = torch.arange(num_drafts)[None, :]
+    device = target_probs.device  # everything runs where the target's probabilities are (CPU or CUDA)
+    draft_tokens, uniforms = draft_tokens.to(device), uniforms.to(device)
+    draft_probs = None if draft_probs is None else draft_probs.to(device)
+    rows = torch.arange(batch, device=device)[:, None]
+    steps = torch.arange(num_drafts, device=device)[None, :]
     target_at_draft = target_probs[rows, steps, draft_tokens].double()  # (B, K): p_i(x_i)
     if draft_probs is None:
         draft_at_draft = torch.ones_like(target_at_draft)
@@ -110,14 +113,14 @@ def verify_chain_batch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     is_bonus = num_accepted == num_drafts
 
     stop = num_accepted.clamp(max=num_drafts - 1) if num_drafts else num_accepted
-    at_stop = target_probs[torch.arange(batch), stop].double()  # (B, V): p at the first rejection
+    at_stop = target_probs[rows[:, 0], stop].double()  # (B, V): p at the first rejection
     if num_drafts == 0:  # nothing to reject (draft_probs may be (B, 0, V)): the round is a bonus from p_1
         draft_at_stop = torch.zeros_like(at_stop)
     elif draft_probs is None:
-        draft_at_stop = torch.nn.functional.one_hot(draft_tokens[torch.arange(batch), stop],
+        draft_at_stop = torch.nn.functional.one_hot(draft_tokens[rows[:, 0], stop],
                                                     target_probs.shape[-1]).double()
     else:
-        draft_at_stop = draft_probs[torch.arange(batch), stop].double()
+        draft_at_stop = draft_probs[rows[:, 0], stop].double()
     residual = (at_stop - draft_at_stop).clamp(min=0)
     # A rejection needs p(x) < q(x), hence some y with p(y) > q(y): the residual has mass. Only
     # float noise can empty it, and then p == q up to rounding, so p itself is the right fallback.
@@ -128,6 +131,6 @@ def verify_chain_batch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     last_token = sample_batch(last_probs, final_uniforms)
 
     emitted = torch.where(steps < num_accepted[:, None], draft_tokens, torch.full_like(draft_tokens, -1))
-    emitted = torch.cat([emitted, torch.full((batch, 1), -1, dtype=draft_tokens.dtype)], dim=1)
-    emitted[torch.arange(batch), num_accepted] = last_token
+    emitted = torch.cat([emitted, torch.full((batch, 1), -1, dtype=draft_tokens.dtype, device=device)], dim=1)
+    emitted[rows[:, 0], num_accepted] = last_token
     return num_accepted, emitted, is_bonus
