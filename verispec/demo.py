@@ -18,7 +18,7 @@ from pathlib import Path
 
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import (DATA_DIR, DEFAULT_TARGET_NAME, ModelPair, build_engine, embedded_pair_available,
+from verispec.loading import (DATA_DIR, DEFAULT_TARGET_NAME, ModelPair, build_single, embedded_pair_available,
                               load_pair, resolve_draft_vocab)
 
 # Held-out prompts (never trained on): code and math are plain text; chat is rendered in each target's
@@ -64,7 +64,7 @@ def run_demo(args) -> int:
     vocab = resolve_draft_vocab(pair, "auto")  # a shipped draft proposes its most frequent ids only
     specs = {name: dataclasses.replace(spec, draft_vocab=vocab) if spec.drafter == "model" else spec
              for name, spec in specs.items()}
-    engines = {"off": build_engine(pair, off), **{name: build_engine(pair, spec) for name, spec in specs.items()}}
+    engines = {"off": build_single(pair, off), **{name: build_single(pair, spec) for name, spec in specs.items()}}
     configs = {"off": off, **specs}
     eos = tuple(sorted(set(pair.target.config.eos_ids) | {pair.tokenizer.eos_token_id} - {None}))
     stop = StopRules(max_tokens=args.max_tokens, eos_ids=eos)

@@ -27,7 +27,7 @@ from verispec.bench.records import RequestRecord, record_from_stats
 from verispec.bench.workloads import BenchPrompt
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import ModelPair, build_engine
+from verispec.loading import ModelPair, build_single
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def run_offline(runners: dict, prompts: list[BenchPrompt], make_job, settings: O
         skipped = [n for n in names if n not in active]
         if skipped:
             result.notes.append(f"concurrency {concurrency}: {', '.join(skipped)} run one request at a time only "
-                                "(trees, self-speculation and the transformers peer are not batched)")
+                                "(the transformers peer is not batched)")
         load, size = f"c{concurrency}", 1 if concurrency == 1 else concurrency * settings.slice_waves
         indexed = list(enumerate(prompts))
         slices = [indexed[i:i + size] for i in range(0, len(indexed), size)]
@@ -124,14 +124,15 @@ def fail_record(record: RequestRecord, status: str, message: str, elapsed_s: flo
 
 
 class NativeRunner:
-    """Our engine: ``SpecEngine`` one request at a time, ``BatchEngine`` (continuous batching) at c > 1."""
+    """Our engine: one request at a time through ``build_single`` (the batched engine as a batch of one;
+    SpecEngine for targets that do not batch), ``BatchEngine`` (continuous batching) at c > 1."""
 
     def __init__(self, pair: ModelPair, variant: Variant, sampling: SamplingParams, timeout_s: float, decode,
                  longest: int = 0):
         """``longest``: the longest prompt + max_tokens of the run, so batched caches are sized once."""
         self.pair, self.variant, self.sampling, self.timeout_s, self.decode = pair, variant, sampling, timeout_s, decode
         self.longest = longest
-        self.engine = build_engine(pair, variant.spec)
+        self.engine = build_single(pair, variant.spec)
         self.batch_engines: dict[int, BatchEngine] = {}
 
     def run(self, jobs: list[Job], concurrency: int) -> list[RequestRecord]:
