@@ -33,3 +33,21 @@ def test_a_batch_of_one_refuses_another_spec(models):  # noqa: F811
     single = BatchOfOne(SpecEngine(target, DraftModelDrafter(draft)), SpecConfig(gamma=4))
     with pytest.raises(VerispecError, match="another SpecConfig"):
         single.generate([1, 2, 3], GREEDY, SpecConfig(gamma=2))
+
+
+def test_a_batch_of_one_streams_spec_engines_chunks(models):  # noqa: F811
+    """stream(): one chunk per round, as SpecEngine streams them; a stream left unfinished (a client gone,
+    a timeout) does not block the next request."""
+    target, draft = models
+    spec, sampling = SpecConfig(gamma=3), SamplingParams(temperature=1.0)
+    single = BatchOfOne(SpecEngine(target, DraftModelDrafter(draft)), spec)
+    abandoned = single.stream([5, 6, 7], sampling, spec, requests(1, sampling)[0].stop, seed=9)
+    assert next(abandoned)  # the prefill's token
+    for request in requests(4, sampling, seed=2):
+        reference = SpecEngine(target, DraftModelDrafter(draft)).stream(request.prompt_ids, sampling, spec,
+                                                                        request.stop, seed=request.seed)
+        generation = single.stream(request.prompt_ids, sampling, spec, request.stop, seed=request.seed)
+        chunks = list(generation)
+        assert chunks == list(reference) and all(chunks)
+        assert generation.result.tokens == reference.result.tokens == [t for c in chunks for t in c]
+        assert generation.result.finish_reason == reference.result.finish_reason
