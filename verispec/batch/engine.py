@@ -11,7 +11,7 @@ import torch
 
 from verispec.adaptive import FixedGamma, GammaPolicy, check_policy, report_draft_reads
 from verispec.batch.draft import CATCH_UP_ALONE, BatchedDraft
-from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob,
+from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob, check_request,
                                      token_logprobs)
 from verispec.batch.rows import RowDrafters, propose_own, tree_inputs
 from verispec.config import SpecConfig
@@ -19,7 +19,7 @@ from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
 from verispec.drafters.base import Drafter
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.prediction import PredictionDrafter
-from verispec.errors import ContextError, VerispecError
+from verispec.errors import VerispecError
 from verispec.grammar import FORCED_DRAFTS
 from verispec.guide import Guide, with_point_masses
 from verispec.models.eagle import EagleHead
@@ -107,16 +107,7 @@ class BatchEngine:
 
     def check(self, request: BatchRequest) -> None:
         """Raise a user error if the request can never run (before queueing it)."""
-        if not request.prompt_ids:
-            raise VerispecError("the prompt is empty; give at least one token")
-        vocab = self.target.config.vocab_size
-        if any(not 0 <= token < vocab for token in request.prompt_ids):
-            raise VerispecError(f"prompt token ids must be in [0, {vocab}); got an id outside it")
-        needed = len(request.prompt_ids) + request.stop.max_tokens
-        if needed > self.max_len:
-            what = "the model's context" if self.max_len == self.target.config.max_context else "the context"
-            raise ContextError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.stop.max_tokens}) "
-                               f"exceeds {what} of {self.max_len} tokens; shorten the prompt or lower max_tokens")
+        check_request(request, self.target, self.max_len)
 
     def add(self, request: BatchRequest) -> list[BatchEvent]:
         """Prefill a new sequence into the next free row and emit its first token."""

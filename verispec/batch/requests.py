@@ -11,6 +11,7 @@ from verispec.adaptive import AcceptanceCounts
 from verispec.config import SamplingParams, StopRules
 from verispec.drafters.base import Drafter
 from verispec.drafters.prediction import PredictionDrafter
+from verispec.errors import ContextError, VerispecError
 from verispec.stats import RequestStats
 
 
@@ -87,3 +88,17 @@ class Row:
     @property
     def remaining(self) -> int:
         return self.request.stop.max_tokens - len(self.generated)
+
+
+def check_request(request: BatchRequest, target, max_len: int) -> None:
+    """Raise a user error if ``request`` can never run on ``target`` with ``max_len`` tokens a request (prompt +
+    max_tokens) at most."""
+    if not request.prompt_ids:
+        raise VerispecError("the prompt is empty; give at least one token")
+    vocab = target.config.vocab_size
+    if any(not 0 <= token < vocab for token in request.prompt_ids):
+        raise VerispecError(f"prompt token ids must be in [0, {vocab}); got an id outside it")
+    if len(request.prompt_ids) + request.stop.max_tokens > max_len:
+        what = "the model's context" if max_len == target.config.max_context else "the context"
+        raise ContextError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.stop.max_tokens}) "
+                           f"exceeds {what} of {max_len} tokens; shorten the prompt or lower max_tokens")

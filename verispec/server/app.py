@@ -33,10 +33,11 @@ from fastapi.responses import JSONResponse, Response
 
 from verispec import profile as profiler
 from verispec.adaptive import AdaptiveGamma, FixedGamma
-from verispec.batch import BatchEngine
+from verispec.batch import BatchEngine, SerialEngine
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
-from verispec.loading import DEFAULT_TARGET, ModelPair, check_backend_supports
+from verispec.engine import SpecEngine
+from verispec.loading import DEFAULT_TARGET, ModelPair, build_engine, check_backend_supports
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.metrics import ServerMetrics
@@ -92,7 +93,7 @@ def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backe
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
                        profile: dict | None = None, trace_rounds: str | None = None,
-                       make_drafter=None) -> BatchEngine:
+                       make_drafter=None) -> BatchEngine | SerialEngine:
     """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1.
     ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
     (``verispec.policy_trace``). ``make_drafter``: builds a drafter of your own per running request
@@ -111,16 +112,15 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
         except (ValueError, KeyError) as err:
             raise VerispecError(f"--profile cannot seed the policy: {err}") from None
     check_backend_supports(pair, spec)
-    if not all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
-        raise VerispecError("the server batches requests with the native model (Llama, Qwen2, Mistral); the "
-                            "transformers adapter (--backend hf, other architectures) and the compressed-attention "
-                            "model decode one request at a time: use verispec generate")
     if trace_rounds is not None:
         try:
             policy = PolicyTrace(policy or FixedGamma(spec.gamma if spec.enabled else 0), trace_rounds)
         except OSError as err:
             raise VerispecError(f"--trace-rounds: cannot open {trace_rounds!r}: {err}") from None
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
+    if not all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
+        return serial_engine(pair, spec, config, policy, make_drafter,
+                             lambda ids: decoder.decode(ids, skip_special_tokens=True))
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        max_len=min(config.max_model_len, pair.target.config.max_context),
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
@@ -128,11 +128,26 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
                        make_drafter=make_drafter)
 
 
+def serial_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, policy, make_drafter,
+                  decode) -> SerialEngine:
+    """One request at a time (``SerialEngine`` over ``SpecEngine``) for the targets whose caches do not batch:
+    the compressed-attention model and transformers-backed models."""
+    if make_drafter is not None:
+        raise VerispecError("a drafter of your own is lent per row by the batched engine; this target decodes "
+                            "one request at a time (SpecEngine): pass the drafter to SpecEngine instead")
+    single = build_engine(pair, spec)
+    if policy is not None and spec.method != "chain":
+        raise VerispecError("a gamma policy chooses a chain's length; a tree drafts its shape (drop --adaptive)")
+    engine = SpecEngine(single.target, single.drafter, decode, policy if policy is not None else single.gamma_policy)
+    return SerialEngine(engine, spec, min(config.max_model_len, pair.target.config.max_context))
+
+
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
                adaptive: bool = False, model_name: str | None = None, profile: dict | None = None,
                trace_rounds: str | None = None, make_drafter=None) -> FastAPI:
     model_name = model_name or default_model_name(pair)
     engine = build_batch_engine(pair, spec, config, adaptive, profile, trace_rounds, make_drafter)
+    config = dataclasses.replace(config, max_batch=min(config.max_batch, engine.max_batch))  # 1: one at a time
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, config, metrics)
     builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)
