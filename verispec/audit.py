@@ -6,7 +6,8 @@
 Per prompt:
 
 1. Draw N continuations of n tokens with speculative decoding (max_tokens n, EOS ignored), each with its
-   own seed derived from --seed, and count how often each distinct sequence occurs.
+   own seed derived from --seed, and count how often each distinct sequence occurs (see "How the
+   continuations are drawn" below).
 2. Score every observed sequence exactly with the target alone: teacher forcing over prompt + sequence
    as one fresh prefill in a new cache (none of the engine's incremental, rollback, compaction or
    draft-reuse paths), one batched forward per chunk of distinct (n-1)-token prefixes, the same sampling
@@ -45,8 +46,30 @@ the draft positions verified and accepted and adds a note when none were. The nu
 sequences grows as V^n, so on a large vocabulary a short n keeps the cells well filled. At temperature 0
 the output is deterministic and the audit checks that speculation follows the argmax path.
 
+How the continuations are drawn. The command runs them through the batched engine behind serve
+(``BatchEngine``), --rows at once (default 64): one request per seed, a finished request's row refilled
+with the next seed before the next round, its tokens and draft positions verified and accepted taken
+from its last event. Every request of a prompt repeats the same prefill, so the engine's target computes
+it once per prompt and replays its logits and keys/values (``SharedPrefill``). Each row samples from a
+generator of its own, seeded as ``SpecEngine.generate`` seeds one, and the counts are made in seed order,
+so the same --seed gives the same report. A seed's continuation is also the one SpecEngine draws alone
+wherever a pass over many rows computes the same floats as a pass over one: on the test pairs in
+tests/test_audit.py for every method, and on the embedded pair with a native-weight draft. Not with the
+default int8 draft weights: a draft pass of more than ``kernels.INT8_ROWS`` rows multiplies with the
+bf16 weights, so a row's q, and then its tokens, depend on how many rows drafted with it. The
+distribution does not: the verifier is given the q each draft was drawn from. In either engine two
+settings make a continuation depend on more than its seed: a dynamic tree (``--tree dynamic:D``) takes
+its shape from what its drafter's earlier requests accepted (in the batched engine each row's drafter
+has a history of its own), and the adaptive gamma policy follows measured wall time. A grammar
+constraint is copied per request (a constraint follows one request); penalties and the sampling
+transform are per request already. ``SpecEngine`` draws them one at a time instead with --rows 1 and
+where the batched engine cannot run the pair as generate runs it: compressed-attention and
+transformers-backed models, a draft with another tokenizer (``audit_engine``). ``run_audit`` takes
+either engine.
+
 Presets: ``--thorough`` means N = 10000 per prompt over the four built-in prompts (explicit --samples,
---tokens and --prompt still win): 40000 generations, so expect minutes on a small pair.
+--tokens and --prompt still win): 40000 generations, minutes on a small pair, about an hour for SmolLM2
+on one Zen 4 core (80 minutes with --rows 1).
 Exit status: 0 pass, 1 FAIL, 2 bad input (one-line message).
 
 ``--endpoint URL`` audits a running OpenAI-compatible server instead, as a black box against a second
@@ -85,6 +108,7 @@ BUILTIN_PROMPTS = (
     "one two three one two three one two",
 )
 LOGITS_PER_FORWARD = 1 << 24  # teacher-forcing chunk size: rows * positions * vocabulary floats
+DEFAULT_ROWS = 64  # generations the batched engine runs at once (--rows)
 
 
 # ---- the audit ---------------------------------------------------------------------------------------
@@ -93,7 +117,8 @@ LOGITS_PER_FORWARD = 1 << 24  # teacher-forcing chunk size: rows * positions * v
 def run_audit(engine, prompts: Sequence[Sequence[int]], sampling: SamplingParams, spec: SpecConfig,
               audit: AuditConfig = AuditConfig(), progress: bool = False,
               prompt_texts: Sequence[str] | None = None) -> AuditReport:
-    """Audit ``engine`` (a SpecEngine: its target and drafter) on token-id prompts."""
+    """Audit ``engine`` on token-id prompts: a ``BatchEngine`` (built for ``spec``; ``audit_engine``
+    builds the CLI's) runs its rows' generations at once, a ``SpecEngine`` one after another."""
     from tqdm import tqdm
 
     if not prompts:
@@ -137,7 +162,13 @@ def sample_seeds(seed: int, prompt_index: int, count: int) -> list[int]:
 
 def sample_continuations(engine, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
                          tokens: int, seeds: Sequence[int], advance=lambda n: None) -> tuple[Counter, int, int]:
-    """Counts of the ``tokens``-long continuations, plus draft positions verified and accepted."""
+    """Counts of the ``tokens``-long continuations, plus draft positions verified and accepted: one
+    generation per seed, through a ``BatchEngine``'s rows (``sample_batched``; ``spec`` is the one it
+    was built for) or one after another through a ``SpecEngine``. ``advance(1)`` after each."""
+    from verispec.batch import BatchEngine
+
+    if isinstance(engine, BatchEngine):
+        return sample_batched(engine, prompt_ids, sampling, tokens, seeds, advance)
     stop = StopRules(max_tokens=tokens, ignore_eos=True)
     counts: Counter = Counter()
     drafted = accepted = 0
@@ -148,6 +179,53 @@ def sample_continuations(engine, prompt_ids: list[int], sampling: SamplingParams
         accepted += result.stats.accepted
         advance(1)
     return counts, drafted, accepted
+
+
+def sample_batched(engine, prompt_ids: list[int], sampling: SamplingParams, tokens: int, seeds: Sequence[int],
+                   advance=lambda n: None) -> tuple[Counter, int, int]:
+    """``sample_continuations`` through an idle ``BatchEngine``: one request per seed (request id = its
+    index), added while the engine has a free row, so finished rows are refilled between rounds. Each
+    row draws from its own generator seeded like ``SpecEngine.generate``, so a seed's sequence does not
+    depend on the other rows (up to float differences between batch sizes; see the module docstring).
+    Counts are made in seed order, as the sequential path makes them."""
+    from verispec.batch import BatchRequest
+
+    if engine.active:
+        raise VerispecError("the audit needs an idle batched engine (no running requests)")
+    stop = StopRules(max_tokens=tokens, ignore_eos=True)
+    outputs: dict[str, list[int]] = {}
+    finished: list[tuple[int, ...] | None] = [None] * len(seeds)
+    drafted = accepted = 0
+    waiting = iter(enumerate(seeds))
+    index, seed = next(waiting, (None, None))
+    while index is not None or engine.active:
+        events = []
+        while index is not None and engine.has_capacity:
+            events += engine.add(BatchRequest(str(index), list(prompt_ids), _own_constraint(sampling), stop, seed=seed))
+            index, seed = next(waiting, (None, None))
+        events += engine.step()
+        for event in events:
+            sequence = outputs.setdefault(event.request_id, [])
+            sequence += event.tokens
+            if event.finished:
+                finished[int(event.request_id)] = tuple(outputs.pop(event.request_id))
+                drafted += event.stats.drafted
+                accepted += event.stats.accepted
+                advance(1)
+    return Counter(finished), drafted, accepted
+
+
+def _own_constraint(sampling: SamplingParams) -> SamplingParams:
+    """``sampling`` with a copy of its grammar constraint, if it has one: a constraint follows one
+    request at a time (``Guide.for_request`` resets it), and batched requests run together."""
+    from verispec.grammar import Constraint
+    from verispec.guide import Guide
+
+    constraint = sampling.guide.constraint if isinstance(sampling.guide, Guide) else sampling.guide
+    if constraint is None:
+        return sampling
+    return dataclasses.replace(sampling, guide=Constraint(constraint.matcher.deep_copy(), constraint.vocab_size,
+                                                          constraint.eos_ids, constraint.spec))
 
 
 def sequence_probabilities(target, prompt_ids: list[int], sequences: list[tuple[int, ...]],
@@ -200,6 +278,67 @@ def _device_of(model):
     return device if device is not None else next(model.parameters()).device
 
 
+# ---- the engine ----------------------------------------------------------------------------------------
+
+
+def audit_engine(pair, spec: SpecConfig, rows: int = DEFAULT_ROWS, context: int = 0):
+    """What ``verispec audit`` samples with: a ``BatchEngine`` of ``rows`` rows over ``pair`` (its draft
+    model, EAGLE head or per-row drafter, and for chains the gamma policy ``spec`` names), whose target
+    computes each prompt's prefill once (``SharedPrefill``); ``context`` is the longest prompt plus the
+    tokens per continuation. ``SpecEngine`` (``build_engine``) instead, one generation at a time, where the
+    batched engine cannot run the pair as generate does: ``rows`` 1, a target or draft that does not batch
+    (compressed attention, the transformers adapter), a draft with another tokenizer (it drafts through a
+    vocabulary bridge only in SpecEngine)."""
+    from verispec.adaptive import make_policy
+    from verispec.batch import BatchEngine
+    from verispec.loading import build_engine, check_backend_supports
+
+    draft_model = spec.enabled and spec.drafter == "model"
+    models = (pair.target, pair.draft) if draft_model else (pair.target,)
+    if rows <= 1 or not all(m is not None and m.capabilities.batching for m in models) \
+            or (draft_model and pair.bridge is not None):
+        return build_engine(pair, spec)
+    check_backend_supports(pair, spec)
+    # Room for a full round after the longest context, so rounds draft what SpecEngine's draft.
+    headroom = max(spec.gamma, spec.tree_shape.cache_positions) + 1
+    return BatchEngine(SharedPrefill(pair.target), pair.draft if draft_model else None, spec, max_batch=rows,
+                       max_len=min(pair.target.config.max_context, context + headroom), eagle=pair.eagle,
+                       gamma_policy=make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None)
+
+
+class SharedPrefill:
+    """A target whose prefill of a prompt into an empty one-row cache (what ``BatchEngine.add`` runs) is
+    computed once and replayed: the same logits (and features), the same keys and values copied into the
+    row. Every audit request repeats its prompt, and a prefill is a pure function of the prompt, so the
+    replay is what the pass would compute; any other call goes to the target. Holds one prompt's pass."""
+
+    def __init__(self, target):
+        self.target = target
+        self.prompt: tuple | None = None  # (token ids, with_features) of the pass held
+        self.keys = self.values = self.output = None
+
+    def __getattr__(self, name):  # config, capabilities, new_cache, run_layers, ...: the target's
+        if name == "target":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+    def forward(self, tokens, cache, last_only: bool = False, with_features: bool = False, **options):
+        from verispec.cache import KVCache
+
+        if options or not last_only or type(cache) is not KVCache or cache.lengths != [0] or tokens.shape[0] != 1:
+            return self.target.forward(tokens, cache, last_only=last_only, with_features=with_features, **options)
+        prompt, width = (tuple(tokens[0].tolist()), with_features), tokens.shape[1]
+        if prompt != self.prompt:
+            self.output = self.target.forward(tokens, cache, last_only=True, with_features=with_features)
+            self.keys = cache.keys[:, :, :, :width].clone()  # (L, 1, Hkv, P, D)
+            self.values = cache.values[:, :, :, :width].clone()
+            self.prompt = prompt
+        else:
+            cache.keys[:, :, :, :width] = self.keys
+            cache.values[:, :, :, :width] = self.values
+        return tuple(t.clone() for t in self.output) if with_features else self.output.clone()
+
+
 # ---- command line ------------------------------------------------------------------------------------
 
 
@@ -232,6 +371,10 @@ def add_parser(commands) -> None:
                        help=f"N, continuations per prompt, >= {MIN_SAMPLES} (default {DEFAULT_SAMPLES})")
     audit.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                        help=f"fail when the combined p-value is below this (default {DEFAULT_ALPHA:g})")
+    audit.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                       help=f"generations run at once in the batched engine (default {DEFAULT_ROWS}); 1 runs "
+                            "them one at a time (SpecEngine), as do pairs that do not batch: compressed-attention "
+                            "and transformers-backed models, a draft with another tokenizer")
     audit.add_argument("--thorough", action="store_true",
                        help=f"preset: N = {THOROUGH_SAMPLES} over all {len(BUILTIN_PROMPTS)} built-in prompts")
     audit.add_argument("--json", action="store_true",
@@ -248,9 +391,10 @@ def run_command(args) -> int:
 
         return run_endpoint_command(args)
     from verispec import options
-    from verispec.loading import (build_engine, check_model_args, encode_prompt, eos_ids, load_pair,
-                                  resolve_draft_vocab)
+    from verispec.loading import check_model_args, encode_prompt, eos_ids, load_pair, resolve_draft_vocab
 
+    if args.rows < 1:
+        raise VerispecError(f"--rows must be >= 1, got {args.rows}")
     default_samples = THOROUGH_SAMPLES if args.thorough else DEFAULT_SAMPLES
     config = AuditConfig(tokens=DEFAULT_TOKENS if args.tokens is None else args.tokens,
                          samples=default_samples if args.samples is None else args.samples,
@@ -272,8 +416,8 @@ def run_command(args) -> int:
                for text in texts] + id_prompts
     labels = texts + [None] * len(id_prompts)
     sampling = options.guided(sampling, grammar, pair, eos_ids(pair.tokenizer, pair.target))
-    report = run_audit(build_engine(pair, spec), prompts, sampling, spec, config, progress=True,
-                       prompt_texts=labels)
+    engine = audit_engine(pair, spec, args.rows, max(map(len, prompts)) + config.tokens)
+    report = run_audit(engine, prompts, sampling, spec, config, progress=True, prompt_texts=labels)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0 if report.passed else 1
 
