@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
@@ -162,6 +163,9 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile,
                      trace_rounds=args.trace_rounds)
     freeze_long_lived_objects()
+    if app.state.scheduler.config.max_batch < config.max_batch:
+        print("note: this target's cache does not batch (compressed attention, or a transformers-backed model): "
+              "requests are decoded one at a time, the others wait in the queue", file=sys.stderr)
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
