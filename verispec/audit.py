@@ -405,7 +405,7 @@ def run_command(args) -> int:
     id_prompts = [_parse_ids(text) for text in args.prompt_ids]
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(args.target, args.draft, needs_draft)
-    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft,
+    pair = load_pair(args.target, args.draft, device=args.device, need_draft=needs_draft, backend=args.backend,
                      draft_weights=args.draft_weights, **options.eagle_args(args, spec))
     if needs_draft:  # the draft as generate and serve run it
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, args.draft_vocab))

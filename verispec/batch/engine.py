@@ -185,8 +185,8 @@ class BatchEngine:
         began = time.perf_counter()
         sequences = list(self.rows)  # row order of this round, before anyone leaves
         # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
-        gamma = self.spec.max_drafts if self.spec.method == "tree" else \
-            self.gamma_policy.choose(len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None)
+        gamma = self.spec.max_drafts if self.spec.method == "tree" else min(self.spec.gamma, self.gamma_policy.choose(
+            len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None))  # --gamma caps, as in SpecEngine
         if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
             gamma = self.gamma_policy.afford(len(self.rows), gamma, self.draft.backlog(self.rows))
         # Rows with a predicted output draft from it (at any gamma, even with speculation off), not the drafter.
