@@ -291,13 +291,11 @@ def audit_engine(pair, spec: SpecConfig, rows: int = DEFAULT_ROWS, context: int 
     vocabulary bridge only in SpecEngine)."""
     from verispec.adaptive import make_policy
     from verispec.batch import BatchEngine
-    from verispec.loading import build_engine, check_backend_supports
+    from verispec.loading import build_engine, check_backend_supports, why_not_batched
 
-    draft_model = spec.enabled and spec.drafter == "model"
-    models = (pair.target, pair.draft) if draft_model else (pair.target,)
-    if rows <= 1 or not all(m is not None and m.capabilities.batching for m in models) \
-            or (draft_model and pair.bridge is not None):
+    if rows <= 1 or why_not_batched(pair, spec) is not None:
         return build_engine(pair, spec)
+    draft_model = spec.enabled and spec.drafter == "model"
     check_backend_supports(pair, spec)
     # Room for a full round after the longest context, so rounds draft what SpecEngine's draft.
     headroom = max(spec.gamma, spec.tree_shape.cache_positions) + 1

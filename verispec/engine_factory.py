@@ -63,11 +63,28 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
                       gamma_policy=policy)
 
 
+def why_not_batched(pair: ModelPair, spec: SpecConfig) -> str | None:
+    """Why ``BatchEngine`` cannot decode ``spec`` over ``pair`` as ``SpecEngine`` would (None: it can). The
+    one rule every command follows to choose between them: the target's cache must batch, and for the draft
+    model (which drafts every row's chain in one pass) the draft's too, in the target's own vocabulary; the
+    other drafters are lent to each row and use the target alone."""
+    if not pair.target.capabilities.batching:
+        return f"{describe(pair.target)} keeps a cache that does not batch"
+    if not (spec.enabled and spec.drafter == "model") or pair.draft is None:
+        return None
+    if not pair.draft.capabilities.batching:
+        return f"the draft, {describe(pair.draft)}, keeps a cache that does not batch"
+    if pair.bridge is not None:
+        return "the draft has its own tokenizer and drafts through a vocabulary bridge, which only SpecEngine runs"
+    return None
+
+
 def build_single(pair: ModelPair, spec: SpecConfig):
     """What decodes one request at a time (``verispec generate``): the batched engine as a batch of one
-    where the models batch (``verispec.batch.single``), else ``SpecEngine``; both with ``generate``."""
+    where it runs the pair (``why_not_batched``; ``verispec.batch.single``), else ``SpecEngine``; both
+    with ``generate``."""
     engine = build_engine(pair, spec)
-    if all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
+    if why_not_batched(pair, spec) is None:
         from verispec.batch.single import BatchOfOne
 
         return BatchOfOne(engine, spec)

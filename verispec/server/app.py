@@ -37,7 +37,7 @@ from verispec.batch import BatchEngine, SerialEngine
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
 from verispec.engine import SpecEngine
-from verispec.loading import DEFAULT_TARGET, ModelPair, build_engine, check_backend_supports
+from verispec.loading import DEFAULT_TARGET, ModelPair, build_engine, check_backend_supports, why_not_batched
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.metrics import ServerMetrics
@@ -78,14 +78,14 @@ def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backe
                      eagle: str | None = None) -> tuple[ModelPair, SpecConfig]:
     """The pair a server runs and the spec it runs it with, as ``serve`` and each Ray replica load them: a
     draft model only for the draft-model method (its draft vocabulary resolved), the EAGLE head for
-    ``eagle``, and a draft with the target's tokenizer (a cross-tokenizer draft is refused)."""
+    ``eagle`` (a draft with another tokenizer drafts through a vocabulary bridge, one request at a time)."""
     from verispec.loading import check_model_args, load_pair, resolve_draft_vocab
 
     needs_draft = spec.enabled and spec.drafter == "model"
     check_model_args(target, draft, needs_draft)
     pair = load_pair(target, draft, device=device, need_draft=needs_draft, backend=backend,
                      draft_weights=draft_weights, need_eagle=spec.enabled and spec.drafter == "eagle",
-                     eagle_dir=eagle, cross_vocab=False)
+                     eagle_dir=eagle)
     if needs_draft:
         spec = dataclasses.replace(spec, draft_vocab=resolve_draft_vocab(pair, draft_vocab))
     return pair, spec
@@ -98,9 +98,6 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
     ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
     (``verispec.policy_trace``). ``make_drafter``: builds a drafter of your own per running request
     (``BatchEngine``)."""
-    if pair.bridge is not None and spec.enabled and spec.drafter == "model":
-        raise VerispecError("the server's draft must use the target's tokenizer (a draft with another tokenizer "
-                            "drafts in generate, audit and bench)")
     if adaptive and not spec.enabled:
         raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation (drop --method none)")
     if profile is not None and not adaptive:
@@ -118,7 +115,7 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
         except OSError as err:
             raise VerispecError(f"--trace-rounds: cannot open {trace_rounds!r}: {err}") from None
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
-    if not all(m.capabilities.batching for m in (pair.target, pair.draft) if m is not None):
+    if why_not_batched(pair, spec) is not None:
         return serial_engine(pair, spec, config, policy, make_drafter,
                              lambda ids: decoder.decode(ids, skip_special_tokens=True))
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,

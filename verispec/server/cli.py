@@ -164,8 +164,10 @@ def run_serve(args: argparse.Namespace) -> int:
                      trace_rounds=args.trace_rounds)
     freeze_long_lived_objects()
     if app.state.scheduler.config.max_batch < config.max_batch:
-        print("note: this target's cache does not batch (compressed attention, or a transformers-backed model): "
-              "requests are decoded one at a time, the others wait in the queue", file=sys.stderr)
+        from verispec.loading import why_not_batched
+
+        print(f"note: {why_not_batched(pair, spec)}: requests are decoded one at a time, the others wait in "
+              "the queue", file=sys.stderr)
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
