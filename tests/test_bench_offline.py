@@ -23,3 +23,20 @@ def test_failed_request_is_recorded_not_dropped(byte_pair):
         assert [r.status for r in records] == ["ok", "error"] and "context" in records[1].error
         s = summarize(records, 1.0)
         assert s["requests"] == 2 and s["error_rate"] == 0.5 and s["quality"]["chat"]["failed"] == 0.5
+
+
+def test_concurrency_above_one_is_refused_with_the_reason_for_a_pair_that_does_not_batch(byte_pair):
+    import dataclasses
+
+    import pytest
+
+    from verispec.errors import VerispecError
+    from verispec.loading import load_pair
+
+    pair = load_pair(*byte_pair)
+    bridged = dataclasses.replace(pair, bridge=object())  # a draft with its own tokenizer: SpecEngine only
+    runner = NativeRunner(bridged, parse_variant("chain", BenchConfig().spec), SamplingParams(temperature=0), 60.0,
+                          lambda ids: "")
+    job = Job(BenchPrompt("p0", "chat", "hi", "raw", (5, 6, 7), 4), StopRules(max_tokens=4), 0, 0, "c2")
+    with pytest.raises(VerispecError, match="vocabulary bridge.*: this pair decodes one request at a time"):
+        runner.run([job], 2)
