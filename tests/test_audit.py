@@ -174,12 +174,16 @@ def test_shared_prefill_replays_the_targets_own_prefill(pair, monkeypatch):
     assert len(passes) == 2 and shared.config is target.config
 
 
-def test_pairs_the_batched_engine_cannot_run_decode_one_at_a_time(pair):
+def test_every_pair_audits_in_the_batched_engine_but_rows_1_runs_spec_engine(pair):
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+
     target, draft = pair
     spec = SpecConfig(gamma=2)
     assert isinstance(audit_engine(ModelPair(target, draft, None, Path("t"), Path("d")), spec, 1), SpecEngine)
     bridged = ModelPair(target, draft, None, Path("t"), Path("d"), bridge=object())  # a draft with its own tokenizer
-    assert isinstance(audit_engine(bridged, spec, 8, 10), SpecEngine)
+    engine = audit_engine(bridged, spec, 8, 10)
+    assert isinstance(engine, BatchEngine) and engine.draft is None  # drafted per row, through the bridge
+    assert isinstance(engine.own.free[0], CrossVocabDrafter)
     assert isinstance(audit_engine(bridged, SpecConfig(gamma=2, drafter="ngram"), 8, 10), BatchEngine)
 
 

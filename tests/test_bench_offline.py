@@ -25,18 +25,16 @@ def test_failed_request_is_recorded_not_dropped(byte_pair):
         assert s["requests"] == 2 and s["error_rate"] == 0.5 and s["quality"]["chat"]["failed"] == 0.5
 
 
-def test_concurrency_above_one_is_refused_with_the_reason_for_a_pair_that_does_not_batch(byte_pair):
-    import dataclasses
-
-    import pytest
-
-    from verispec.errors import VerispecError
+def test_a_target_that_does_not_batch_runs_at_concurrency_above_one(byte_pair):
     from verispec.loading import load_pair
 
-    pair = load_pair(*byte_pair)
-    bridged = dataclasses.replace(pair, bridge=object())  # a draft with its own tokenizer: SpecEngine only
-    runner = NativeRunner(bridged, parse_variant("chain", BenchConfig().spec), SamplingParams(temperature=0), 60.0,
+    pair = load_pair(*byte_pair, backend="hf")  # one sequence per cache: rows run one after another
+    assert not pair.target.capabilities.batching
+    runner = NativeRunner(pair, parse_variant("chain", BenchConfig().spec), SamplingParams(temperature=0), 60.0,
                           lambda ids: "")
-    job = Job(BenchPrompt("p0", "chat", "hi", "raw", (5, 6, 7), 4), StopRules(max_tokens=4), 0, 0, "c2")
-    with pytest.raises(VerispecError, match="vocabulary bridge.*: this pair decodes one request at a time"):
-        runner.run([job], 2)
+    prompts = [BenchPrompt(f"p{i}", "chat", "hi", "raw", tuple(ids), 6) for i, ids in enumerate([(5, 6, 7), (9, 8)])]
+    jobs = [Job(p, StopRules(max_tokens=6, ignore_eos=True), 0, 0, "c") for p in prompts]
+    alone, together = runner.run(jobs, 1), runner.run(jobs, 2)
+    assert [r.status for r in together] == ["ok", "ok"]
+    assert [r.output_tokens for r in together] == [6, 6]
+    assert [r.tokens for r in together] == [r.tokens for r in alone] and together[0].tokens is not None

@@ -82,16 +82,14 @@ def test_a_method_the_models_cannot_run_is_refused_naming_the_model():
     assert describe(CompressedForCausalLM.__new__(CompressedForCausalLM)) == "the compressed-attention model"
 
 
-def test_why_not_batched_is_the_one_rule_for_the_batched_engine():
-    from verispec.engine_factory import why_not_batched
+def test_row_drafter_lends_a_bridged_draft_to_each_row_and_nothing_else():
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+    from verispec.engine_factory import row_drafter
 
-    unbatched = SimpleNamespace(config=SimpleNamespace(vocab_size=16),
-                                capabilities=Capabilities(batching=False))
     chain, ngram = SpecConfig(gamma=3), SpecConfig(gamma=3, drafter="ngram")
-    assert why_not_batched(pair(native_draft()), chain) is None
-    assert "does not batch" in why_not_batched(pair(target=unbatched), ngram)
-    # The draft matters only where it drafts every row at once (the draft-model method).
-    assert why_not_batched(pair(unbatched), ngram) is None
-    assert "the draft" in why_not_batched(pair(unbatched), chain)
-    assert "vocabulary bridge" in why_not_batched(pair(native_draft(), bridge=object()), chain)
-    assert why_not_batched(pair(native_draft(), bridge=object()), ngram) is None
+    assert row_drafter(pair(native_draft()), chain) is None
+    assert row_drafter(pair(native_draft(), bridge=object()), ngram) is None
+    made = row_drafter(pair(native_draft(), bridge=object()), chain)
+    assert isinstance(made(), CrossVocabDrafter) and made() is not made()
+    with pytest.raises(CheckpointError, match="chains and static trees"):
+        build_engine(pair(native_draft(), bridge=object()), SpecConfig(method="tree", tree="dynamic:6"))

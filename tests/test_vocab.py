@@ -111,13 +111,24 @@ def test_cross_vocabulary_trees_and_refusals(permuted_draft):
     dynamic = SpecConfig(method="tree", tree="dynamic:8")
     with pytest.raises(VerispecError, match="static shape"):
         build_engine(pair, dynamic).generate(prompt, greedy, dynamic, stop)
-    from verispec.server.app import create_app
+    # The batched engine (serve, audit, bench) lends each row a drafter through the bridge: each request's
+    # tokens are those it gets alone.
+    from verispec.batch import BatchEngine, BatchRequest
+    from verispec.drafters.cross_vocab import CrossVocabDrafter
+    from verispec.loading import row_drafter
 
-    from verispec.batch import SerialEngine
-    from verispec.loading import why_not_batched
-
-    chain = SpecConfig(gamma=4)
-    assert "vocabulary bridge" in why_not_batched(pair, chain)  # served one request at a time, by SpecEngine
-    assert isinstance(create_app(pair, chain).state.scheduler.engine, SerialEngine)
+    sampled = SamplingParams(temperature=1.0, top_k=20)
+    for spec in (SpecConfig(gamma=4), static):
+        assert isinstance(row_drafter(pair, spec)(), CrossVocabDrafter)
+        engine = BatchEngine(pair.target, pair.draft, spec, max_batch=2, max_len=128,
+                             make_drafter=row_drafter(pair, spec))
+        requests = [BatchRequest("g", prompt, greedy, stop), BatchRequest("s", prompt, sampled, stop, seed=5)]
+        tokens = {r.request_id: [t for e in engine.add(r) for t in e.tokens] for r in requests}
+        while engine.active:
+            for event in engine.step():
+                tokens[event.request_id] += event.tokens
+        for request in requests:
+            alone = build_engine(pair, spec).generate(prompt, request.sampling, spec, stop, seed=request.seed)
+            assert tokens[request.request_id] == alone.tokens
     with pytest.raises(CheckpointError, match="differs from the target's"):
         load_pair("tiny", permuted_draft, cross_vocab=False)

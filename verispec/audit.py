@@ -62,10 +62,10 @@ settings make a continuation depend on more than its seed: a dynamic tree (``--t
 its shape from what its drafter's earlier requests accepted (in the batched engine each row's drafter
 has a history of its own), and the adaptive gamma policy follows measured wall time. A grammar
 constraint is copied per request (a constraint follows one request); penalties and the sampling
-transform are per request already. ``SpecEngine`` draws them one at a time instead with --rows 1 and
-where the batched engine cannot run the pair as generate runs it: compressed-attention and
-transformers-backed models, a draft with another tokenizer (``audit_engine``). ``run_audit`` takes
-either engine.
+transform are per request already. ``SpecEngine`` draws them one at a time instead with --rows 1
+(``audit_engine``). Compressed-attention and transformers-backed targets run their rows' passes one
+after another in the batched engine (``verispec.batch.row_loop``), and a draft with another tokenizer
+drafts per row through its vocabulary bridge. ``run_audit`` takes either engine.
 
 Presets: ``--thorough`` means N = 10000 per prompt over the four built-in prompts (explicit --samples,
 --tokens and --prompt still win): 40000 generations, minutes on a small pair, about an hour for SmolLM2
@@ -127,6 +127,9 @@ def run_audit(engine, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     for ids in prompts:
         if any(not 0 <= t < vocab for t in ids):
             raise VerispecError(f"prompt token ids must be in 0..{vocab - 1} for this target, got {list(ids)}")
+    from verispec.batch.row_loop import RowLoop
+
+    scored = engine.target.model if isinstance(engine.target, RowLoop) else engine.target  # the model itself
     results = []
     with tqdm(total=len(prompts) * audit.samples, desc="audit", unit="seq", file=sys.stderr,
               disable=not progress, mininterval=1.0 if sys.stderr.isatty() else 30.0) as bar:
@@ -134,7 +137,7 @@ def run_audit(engine, prompts: Sequence[Sequence[int]], sampling: SamplingParams
             seeds = sample_seeds(audit.seed, index, audit.samples)
             counts, drafted, accepted = sample_continuations(engine, list(ids), sampling, spec, audit.tokens,
                                                              seeds, bar.update)
-            probs = sequence_probabilities(engine.target, list(ids), list(counts), sampling)
+            probs = sequence_probabilities(scored, list(ids), list(counts), sampling)
             text = prompt_texts[index] if prompt_texts is not None else None
             results.append(PromptAudit(list(ids), goodness_of_fit(counts, probs), drafted, accepted, text))
     p_value = min(1.0, len(results) * min(r.fit.p_value for r in results))
@@ -285,23 +288,23 @@ def audit_engine(pair, spec: SpecConfig, rows: int = DEFAULT_ROWS, context: int 
     """What ``verispec audit`` samples with: a ``BatchEngine`` of ``rows`` rows over ``pair`` (its draft
     model, EAGLE head or per-row drafter, and for chains the gamma policy ``spec`` names), whose target
     computes each prompt's prefill once (``SharedPrefill``); ``context`` is the longest prompt plus the
-    tokens per continuation. ``SpecEngine`` (``build_engine``) instead, one generation at a time, where the
-    batched engine cannot run the pair as generate does: ``rows`` 1, a target or draft that does not batch
-    (compressed attention, the transformers adapter), a draft with another tokenizer (it drafts through a
-    vocabulary bridge only in SpecEngine)."""
+    tokens per continuation. ``SpecEngine`` (``build_engine``), one generation at a time, with ``rows`` 1."""
     from verispec.adaptive import make_policy
     from verispec.batch import BatchEngine
-    from verispec.loading import build_engine, check_backend_supports, why_not_batched
+    from verispec.loading import build_engine, check_backend_supports, row_drafter
 
-    if rows <= 1 or why_not_batched(pair, spec) is not None:
+    if rows <= 1:
         return build_engine(pair, spec)
     draft_model = spec.enabled and spec.drafter == "model"
     check_backend_supports(pair, spec)
     # Room for a full round after the longest context, so rounds draft what SpecEngine's draft.
     headroom = max(spec.gamma, spec.tree_shape.cache_positions) + 1
-    return BatchEngine(SharedPrefill(pair.target), pair.draft if draft_model else None, spec, max_batch=rows,
+    # A native cache replays each prompt's prefill; a one-sequence cache (RowLoop) runs it per row.
+    target = SharedPrefill(pair.target) if pair.target.capabilities.batching else pair.target
+    return BatchEngine(target, pair.draft if draft_model else None, spec, max_batch=rows,
                        max_len=min(pair.target.config.max_context, context + headroom), eagle=pair.eagle,
-                       gamma_policy=make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None)
+                       gamma_policy=make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None,
+                       make_drafter=row_drafter(pair, spec))
 
 
 class SharedPrefill:
@@ -371,8 +374,7 @@ def add_parser(commands) -> None:
                        help=f"fail when the combined p-value is below this (default {DEFAULT_ALPHA:g})")
     audit.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                        help=f"generations run at once in the batched engine (default {DEFAULT_ROWS}); 1 runs "
-                            "them one at a time (SpecEngine), as do pairs that do not batch: compressed-attention "
-                            "and transformers-backed models, a draft with another tokenizer")
+                            "them one at a time (SpecEngine)")
     audit.add_argument("--thorough", action="store_true",
                        help=f"preset: N = {THOROUGH_SAMPLES} over all {len(BUILTIN_PROMPTS)} built-in prompts")
     audit.add_argument("--json", action="store_true",

@@ -63,32 +63,22 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
                       gamma_policy=policy)
 
 
-def why_not_batched(pair: ModelPair, spec: SpecConfig) -> str | None:
-    """Why ``BatchEngine`` cannot decode ``spec`` over ``pair`` as ``SpecEngine`` would (None: it can). The
-    one rule every command follows to choose between them: the target's cache must batch, and for the draft
-    model (which drafts every row's chain in one pass) the draft's too, in the target's own vocabulary; the
-    other drafters are lent to each row and use the target alone."""
-    if not pair.target.capabilities.batching:
-        return f"{describe(pair.target)} keeps a cache that does not batch"
-    if not (spec.enabled and spec.drafter == "model") or pair.draft is None:
+def row_drafter(pair: ModelPair, spec: SpecConfig):
+    """What ``BatchEngine(make_drafter=...)`` lends each row for ``spec`` over ``pair`` where its own choice
+    would be wrong, else None: a draft with another tokenizer drafts per row through the pair's vocabulary
+    bridge (the batched draft-model pass drafts in the target's ids only)."""
+    if not (spec.enabled and spec.drafter == "model") or pair.bridge is None or pair.draft is None:
         return None
-    if not pair.draft.capabilities.batching:
-        return f"the draft, {describe(pair.draft)}, keeps a cache that does not batch"
-    if pair.bridge is not None:
-        return "the draft has its own tokenizer and drafts through a vocabulary bridge, which only SpecEngine runs"
-    return None
+    draft, bridge, vocab_limit = pair.draft, pair.bridge, spec.draft_vocab
+    return lambda: CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit)
 
 
 def build_single(pair: ModelPair, spec: SpecConfig):
     """What decodes one request at a time (``verispec generate``): the batched engine as a batch of one
-    where it runs the pair (``why_not_batched``; ``verispec.batch.single``), else ``SpecEngine``; both
-    with ``generate``."""
-    engine = build_engine(pair, spec)
-    if why_not_batched(pair, spec) is None:
-        from verispec.batch.single import BatchOfOne
+    (``verispec.batch.single``) lent ``build_engine``'s drafter, with ``SpecEngine.generate``'s interface."""
+    from verispec.batch.single import BatchOfOne
 
-        return BatchOfOne(engine, spec)
-    return engine
+    return BatchOfOne(build_engine(pair, spec), spec)
 
 
 def check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
@@ -107,6 +97,9 @@ def check_backend_supports(pair: ModelPair, spec: SpecConfig) -> None:
                               "use --method chain")
     if spec.drafter != "model" or draft is None:
         return
+    if pair.bridge is not None and spec.method == "tree" and spec.tree_shape.dynamic:
+        raise CheckpointError("a draft with another tokenizer drafts chains and static trees; use a static "
+                              "shape such as --tree s3_k2_d6")
     if spec.method == "tree" and spec.tree_shape.dynamic and not draft.staged_trees:
         raise CheckpointError(f"dynamic trees feed tree levels through the draft, which {describe(pair.draft)} "
                               "cannot do; use a static shape such as --tree s3_k2_d6")

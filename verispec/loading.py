@@ -31,7 +31,7 @@ from verispec.checkpoints import (BACKENDS, TOKENIZER_FILES, Backend, bridge_for
                                   load_model, load_shared_draft, load_tokenizer, quantize_draft, resolve_device,
                                   same_token_ids, shares_embedding)
 from verispec.engine_factory import (ModelPair, build_engine, build_single, check_backend_supports, describe,
-                                     why_not_batched)
+                                     row_drafter)
 from verispec.errors import CheckpointError, VerispecError
 from verispec.models.eagle import is_eagle_dir, load_eagle
 from verispec.models.gguf import load_gguf
@@ -42,7 +42,7 @@ __all__ = ["BACKENDS", "DATA_DIR", "DEFAULT_DRAFT", "DEFAULT_TARGET", "DEFAULT_T
            "check_backend_supports", "check_compatible", "check_model_args", "describe", "draft_vocab_of", "embedded_pair_available",
            "encode_prompt", "eos_ids", "freeze_long_lived_objects", "load_model", "load_pair", "load_shared_draft",
            "load_target_and_tokenizer", "load_tokenizer", "quantize_draft", "resolve_device", "resolve_draft_vocab",
-           "resolve_eagle", "resolve_target", "same_token_ids", "shares_embedding", "smollm2_path", "why_not_batched"]
+           "resolve_eagle", "resolve_target", "same_token_ids", "shares_embedding", "smollm2_path", "row_drafter"]
 
 log = logging.getLogger(__name__)
 

@@ -116,7 +116,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", metavar="DIR",
                         help="draft checkpoint dir, or tiny (the embedded draft); default: the named target's "
                              "shipped draft. A draft with another tokenizer drafts over the tokens both "
-                             "vocabularies share (chains and static trees; serve runs such a pair one request at a time)")
+                             "vocabularies share (chains and static trees)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                         help="auto: native model for Llama/Qwen2/Mistral, transformers adapter for any other "

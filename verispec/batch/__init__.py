@@ -22,9 +22,9 @@ an EAGLE head's chains and trees; any object with the ``Drafter`` protocol) is l
 (``verispec.batch.rows``): rows propose in turn with their own drafter and generator, and one target
 pass verifies every row's chain or tree. Each request decodes as ``SpecEngine`` decodes it alone.
 Self-speculation's verification is the batched full pass (its early layers' KV is recomputed, not
-resumed as ``SpecEngine`` does for one request). Compressed-attention and transformers-backed targets
-decode one request at a time (``SpecEngine``); ``SerialEngine`` (``verispec.batch.serial``) runs them
-behind this interface, one request after another, which is how ``serve`` serves them.
+resumed as ``SpecEngine`` does for one request). Compressed-attention and transformers-backed targets keep
+one sequence per cache: the engine wraps them in ``RowLoop`` (``verispec.batch.row_loop``), a cache and a
+pass per row, each row's pass the one ``SpecEngine`` would run for it alone.
 
 A request with ``logprobs`` set gets, for each committed token, the target's raw log-softmax there
 (before temperature and truncation; with ``logprobs_mode="processed"`` the log of the distribution the
@@ -42,7 +42,6 @@ from verispec.batch.draft import CATCH_UP_ALONE
 from verispec.batch.engine import FAULTS, BatchEngine
 from verispec.batch.requests import (LOGPROBS_MODES, MIN_LOGPROB, BatchEvent, BatchRequest, TokenLogprob,
                                      token_logprobs)
-from verispec.batch.serial import SerialEngine
 
 __all__ = ["BatchEngine", "BatchEvent", "BatchRequest", "CATCH_UP_ALONE", "FAULTS", "LOGPROBS_MODES",
-           "MIN_LOGPROB", "SerialEngine", "TokenLogprob", "token_logprobs"]
+           "MIN_LOGPROB", "TokenLogprob", "token_logprobs"]

@@ -11,6 +11,7 @@ import torch
 
 from verispec.adaptive import FixedGamma, GammaPolicy, check_policy, report_draft_reads
 from verispec.batch.draft import CATCH_UP_ALONE, BatchedDraft
+from verispec.batch.row_loop import RowLoop
 from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob, check_request,
                                      token_logprobs)
 from verispec.batch.rows import RowDrafters, propose_own, tree_inputs
@@ -63,13 +64,15 @@ class BatchEngine:
         if self.fault is not None and self.fault not in FAULTS:
             raise VerispecError(f"VERISPEC_FAULT={self.fault!r} is not a test fault ({', '.join(FAULTS)})")
         self.logprobs_mode = logprobs_mode
+        target = RowLoop.wrap(target)  # a one-sequence cache: rows run one after another (batch/row_loop.py)
         self.target, self.spec, self.decode = target, spec, decode
         self.max_len = max_len or target.config.max_context
         # Rows are padded to the round's widest; a row near max_len still needs room for that pass.
         cache_len = self.max_len + self._slack(spec)
         self.cache = target.new_cache(max_batch, cache_len)
         batched = spec.enabled and make_drafter is None and spec.drafter == "model" and spec.method == "chain"
-        self.draft = BatchedDraft(draft, max_batch, cache_len, spec.draft_vocab, self.fault) if batched else None
+        self.draft = BatchedDraft(RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault) \
+            if batched else None
         make_drafter = make_drafter or self._drafter_maker(draft, eagle, cache_len)
         self.own = RowDrafters(make_drafter) if spec.enabled and not batched else None
         if self.own is not None:  # build one now: a drafter that cannot be built fails here, not per request
@@ -79,6 +82,7 @@ class BatchEngine:
         self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
         check_policy(self.gamma_policy)
         self.rows: list[Row] = []  # row i of the caches holds rows[i]
+        self.refresh_s = 0.0  # this round's time committing the target cache (rows' commit / compact)
 
     @staticmethod
     def _slack(spec: SpecConfig) -> int:
@@ -222,8 +226,9 @@ class BatchEngine:
         self.gamma_policy.observe(len(verdicts), gamma, now - began - reads_s,
                                   [min(v.num_accepted, k) for v, k in zip(verdicts, depths)], depths)
         positions = [int(t.compile().depths.max()) if t is not None else len(d) for t, d in zip(trees, drafts)]
+        refresh = self.refresh_s  # committing the target cache happened inside _verify: count it as state
         self._record(sequences, events, verdicts, positions, [len(d) for d in drafts],
-                     (drafted_at - began, verified_at - drafted_at, now - verified_at))
+                     (drafted_at - began, verified_at - drafted_at - refresh, now - verified_at + refresh, refresh))
         return [e for e in events if e.tokens or e.finished]
 
     def _drafts_allowed(self, sequence: Row, gamma: int) -> int:
@@ -285,6 +290,8 @@ class BatchEngine:
         else:
             width = max(len(d) for d in drafts) + 1  # a grammar's forced tokens may lengthen a row's drafts
             fed, extra = torch.tensor([[r] + d + [r] * (width - 1 - len(d)) for r, d in zip(roots, drafts)]), {}
+        if isinstance(self.target, RowLoop):  # each row's pass feeds only its own positions
+            extra["widths"] = [len(t.tokens) if t is not None else 1 + len(d) for d, t in zip(drafts, trees)]
         view = self.cache.prefix_view(len(self.rows))
         if self.feeds_features:
             logits, features = self.target.forward(fed, view, with_features=True, **extra)
@@ -296,6 +303,7 @@ class BatchEngine:
         """Each row's verdict, and its committed tokens' logprobs if its request asked (read off the rows of
         its logits that scored them; raw, before a grammar's mask)."""
         view, logits, features = self._target_pass(drafts, trees)
+        self.refresh_s = 0.0
         argmax = greedy_ids(logits) if trees.count(None) == len(trees) else None
         verdicts, logprobs = [], []
         for row, (sequence, tokens, tree) in enumerate(zip(self.rows, drafts, trees)):
@@ -312,10 +320,12 @@ class BatchEngine:
             verdict = self._verdict(sequence, tokens, tree, row_logits, processed, draft_probs[row],
                                     argmax[row][:size] if argmax is not None and params.guide is None else None)
             path = [0] + verdict.accepted_nodes if tree is not None else list(range(1 + verdict.num_accepted))
+            began = time.perf_counter()
             if tree is not None:  # keep only the accepted path: compact it after the prefix
                 view.compact(row, [view.lengths[row] + node for node in path])
             else:
                 view.commit(row, len(path))
+            self.refresh_s += time.perf_counter() - began
             if self.feeds_features:
                 sequence.drafter.observe(features[row, path])
             verdicts.append(verdict)
@@ -369,7 +379,7 @@ class BatchEngine:
                           logprobs=None if logprobs is None else logprobs[:len(cut.kept)])
 
     def _record(self, sequences: list[Row], events: list[BatchEvent], verdicts: list[Verdict],
-                positions: list[int], nodes: list[int], split: tuple[float, float, float]) -> None:
+                positions: list[int], nodes: list[int], split: tuple[float, float, float, float]) -> None:
         """Per-request round records (``positions``: drafts a row could accept, a tree's depth; ``nodes``:
         drafts verified); the round's time split is shared by every row in it."""
         now = time.perf_counter()
@@ -379,7 +389,7 @@ class BatchEngine:
             sequence.stats.rounds.append(RoundRecord(
                 drafted=drafted, accepted=verdict.num_accepted, committed=len(event.tokens),
                 last_kind="cut" if cut else verdict.last_kind, draft_s=split[0], verify_s=split[1],
-                state_s=split[2], tree_nodes=count))
+                state_s=split[2], refresh_s=split[3], tree_nodes=count))
             if event.tokens:
                 gap = now - sequence.last_emit
                 sequence.stats.chunk_gaps_s.append(gap)

@@ -27,7 +27,7 @@ from verispec.bench.records import RequestRecord, record_from_stats
 from verispec.bench.workloads import BenchPrompt
 from verispec.config import SamplingParams, StopRules
 from verispec.errors import VerispecError
-from verispec.loading import ModelPair, build_single, why_not_batched
+from verispec.loading import ModelPair, build_single, row_drafter
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +162,10 @@ class NativeRunner:
         longest += self.variant.num_drafts + 1
         engine = self.batch_engines.get(concurrency)
         if engine is None or engine.max_len < longest:
-            why_not = why_not_batched(self.pair, self.variant.spec)
-            if why_not is not None:
-                raise VerispecError(f"concurrency > 1 batches requests, but {why_not}: this pair decodes one "
-                                    "request at a time (use concurrency 1)")
             max_len = min(self.pair.target.config.max_context, longest)
             engine = BatchEngine(self.pair.target, self.pair.draft, self.variant.spec, max_batch=concurrency,
-                                 max_len=max_len, decode=self.decode, eagle=self.pair.eagle)
+                                 max_len=max_len, decode=self.decode, eagle=self.pair.eagle,
+                                 make_drafter=row_drafter(self.pair, self.variant.spec))
             self.batch_engines[concurrency] = engine
         return engine
 

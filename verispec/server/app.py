@@ -33,11 +33,10 @@ from fastapi.responses import JSONResponse, Response
 
 from verispec import profile as profiler
 from verispec.adaptive import AdaptiveGamma, FixedGamma
-from verispec.batch import BatchEngine, SerialEngine
+from verispec.batch import BatchEngine
 from verispec.config import SpecConfig
 from verispec.errors import VerispecError
-from verispec.engine import SpecEngine
-from verispec.loading import DEFAULT_TARGET, ModelPair, build_engine, check_backend_supports, why_not_batched
+from verispec.loading import DEFAULT_TARGET, ModelPair, check_backend_supports, row_drafter
 from verispec.policy_trace import PolicyTrace
 from verispec.server import schemas
 from verispec.server.metrics import ServerMetrics
@@ -93,7 +92,7 @@ def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backe
 
 def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, adaptive: bool,
                        profile: dict | None = None, trace_rounds: str | None = None,
-                       make_drafter=None) -> BatchEngine | SerialEngine:
+                       make_drafter=None) -> BatchEngine:
     """``profile``: a calibrated ``verispec profile`` JSON that seeds the adaptive policy at batch 1.
     ``trace_rounds``: a file the policy's decisions are appended to, a JSON line per round
     (``verispec.policy_trace``). ``make_drafter``: builds a drafter of your own per running request
@@ -115,28 +114,11 @@ def build_batch_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, 
         except OSError as err:
             raise VerispecError(f"--trace-rounds: cannot open {trace_rounds!r}: {err}") from None
     decoder = copy.deepcopy(pair.tokenizer)  # the engine thread's own copy: tokenizers are not thread-safe
-    if why_not_batched(pair, spec) is not None:
-        return serial_engine(pair, spec, config, policy, make_drafter,
-                             lambda ids: decoder.decode(ids, skip_special_tokens=True))
     return BatchEngine(pair.target, pair.draft, spec, max_batch=config.max_batch,
                        max_len=min(config.max_model_len, pair.target.config.max_context),
                        decode=lambda ids: decoder.decode(ids, skip_special_tokens=True),
                        gamma_policy=policy, eagle=pair.eagle, logprobs_mode=config.logprobs_mode,
-                       make_drafter=make_drafter)
-
-
-def serial_engine(pair: ModelPair, spec: SpecConfig, config: ServerConfig, policy, make_drafter,
-                  decode) -> SerialEngine:
-    """One request at a time (``SerialEngine`` over ``SpecEngine``) for the targets whose caches do not batch:
-    the compressed-attention model and transformers-backed models."""
-    if make_drafter is not None:
-        raise VerispecError("a drafter of your own is lent per row by the batched engine; this target decodes "
-                            "one request at a time (SpecEngine): pass the drafter to SpecEngine instead")
-    single = build_engine(pair, spec)
-    if policy is not None and spec.method != "chain":
-        raise VerispecError("a gamma policy chooses a chain's length; a tree drafts its shape (drop --adaptive)")
-    engine = SpecEngine(single.target, single.drafter, decode, policy if policy is not None else single.gamma_policy)
-    return SerialEngine(engine, spec, min(config.max_model_len, pair.target.config.max_context))
+                       make_drafter=make_drafter or row_drafter(pair, spec))
 
 
 def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerConfig = ServerConfig(),
@@ -144,7 +126,6 @@ def create_app(pair: ModelPair, spec: SpecConfig = SpecConfig(), config: ServerC
                trace_rounds: str | None = None, make_drafter=None) -> FastAPI:
     model_name = model_name or default_model_name(pair)
     engine = build_batch_engine(pair, spec, config, adaptive, profile, trace_rounds, make_drafter)
-    config = dataclasses.replace(config, max_batch=min(config.max_batch, engine.max_batch))  # 1: one at a time
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, config, metrics)
     builder = RequestBuilder(pair.tokenizer, pair.target, model_name, scheduler.check, engine.max_len)

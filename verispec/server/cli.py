@@ -163,11 +163,9 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(pair, spec, config, adaptive=args.adaptive, model_name=args.served_model_name, profile=profile,
                      trace_rounds=args.trace_rounds)
     freeze_long_lived_objects()
-    if app.state.scheduler.config.max_batch < config.max_batch:
-        from verispec.loading import why_not_batched
-
-        print(f"note: {why_not_batched(pair, spec)}: requests are decoded one at a time, the others wait in "
-              "the queue", file=sys.stderr)
+    if not pair.target.capabilities.batching:
+        print("note: this target keeps one sequence per cache (compressed attention, or a transformers-backed "
+              "model): the batched engine runs its rows' passes one after another, none shared", file=sys.stderr)
     log_level = "info" if args.verbose else "warning"
     server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=log_level,
                                            timeout_graceful_shutdown=int(config.shutdown_s) + 5))
