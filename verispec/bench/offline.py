@@ -124,8 +124,8 @@ def fail_record(record: RequestRecord, status: str, message: str, elapsed_s: flo
 
 
 class NativeRunner:
-    """Our engine: one request at a time through ``build_single`` (the batched engine as a batch of one;
-    SpecEngine for targets that do not batch), ``BatchEngine`` (continuous batching) at c > 1."""
+    """Our engine: one request at a time through ``build_single`` (the batched engine as a batch of one),
+    ``BatchEngine`` (continuous batching) at c > 1."""
 
     def __init__(self, pair: ModelPair, variant: Variant, sampling: SamplingParams, timeout_s: float, decode,
                  longest: int = 0):

@@ -77,7 +77,7 @@ def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backe
                      eagle: str | None = None) -> tuple[ModelPair, SpecConfig]:
     """The pair a server runs and the spec it runs it with, as ``serve`` and each Ray replica load them: a
     draft model only for the draft-model method (its draft vocabulary resolved), the EAGLE head for
-    ``eagle`` (a draft with another tokenizer drafts through a vocabulary bridge, one request at a time)."""
+    ``eagle`` (a draft with another tokenizer is lent to each row, drafting through a vocabulary bridge)."""
     from verispec.loading import check_model_args, load_pair, resolve_draft_vocab
 
     needs_draft = spec.enabled and spec.drafter == "model"
