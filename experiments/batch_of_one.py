@@ -3,6 +3,10 @@ method, interleaved per prompt and repeat; tokens/s medians and whether the toke
 question behind it: what would `generate` lose by running through the batched engine?
 
     OMP_NUM_THREADS=1 python experiments/batch_of_one.py --target tiny --methods chain,tree,ngram,self,eagle
+    OMP_NUM_THREADS=1 python experiments/batch_of_one.py --target tiny --backend hf --methods off,chain,tree,ngram
+
+With ``--backend hf`` the models run through transformers, whose caches hold one sequence: the batched
+engine wraps them in ``RowLoop`` (a pass per row), so this measures what that wrapper costs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ SPECS = {"chain": SpecConfig(gamma=5), "tree": SpecConfig(method="tree", tree="s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="tiny")
+    parser.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
     parser.add_argument("--methods", default="off,chain,tree,ngram,self,eagle")
     parser.add_argument("--prompts", type=int, default=2, help="held-out prompts per workload (code, chat, math)")
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -33,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     methods = args.methods.split(",")
-    pair = load_pair(args.target, need_eagle="eagle" in methods)
+    pair = load_pair(args.target, need_eagle="eagle" in methods, backend=args.backend)
     prompts, _ = split_prompts(pair.tokenizer, args.prompts, 512)
     greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=args.max_tokens, ignore_eos=True)
     print(f"{'method':8} {'SpecEngine tok/s':>17} {'batch of one':>13} {'ratio':>6}  identical")

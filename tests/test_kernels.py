@@ -100,6 +100,27 @@ def test_tiled_layers_take_the_kernel_up_to_max_fused_rows(monkeypatch):
             assert bool(calls) == kernel, rows
 
 
+def test_a_linear_layer_takes_the_kernel_up_to_max_rows_and_torch_beyond(monkeypatch):
+    # 64 rows where the AVX-512 loop multiplies (it beat torch's GEMM up to there), else 16.
+    assert kernels.max_rows() == (kernels.MAX_ROWS_AVX512 if kernels.avx512() else kernels.MAX_ROWS)
+    layer = nn.Linear(384, 640, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(_weights(640, 384, True))
+    kernels.accelerate(layer)
+    if layer.packed.dtype in (torch.int16, torch.uint8):
+        pytest.skip("AMX tiles take this layer up to MAX_FUSED_AMX rows: test_tiled_layers_take_the_kernel_up_to_max_fused_rows")
+    calls = []
+    real = kernels.linear
+    monkeypatch.setattr(kernels, "linear", lambda *args: calls.append(args[0].shape) or real(*args))
+    reference = layer.weight.double()
+    with torch.inference_mode():
+        for rows in (kernels.MAX_ROWS + 1, kernels.max_rows(), kernels.max_rows() + 1):
+            calls.clear()
+            x = torch.randn(rows, 384)
+            torch.testing.assert_close(layer(x), (x.double() @ reference.T).float(), rtol=1e-5, atol=1e-4)
+            assert bool(calls) == (rows <= kernels.max_rows()), rows
+
+
 @AMX_ONLY
 def test_amx_needs_whole_tiles_and_keeps_threads_out_of_results():
     assert kernels._pack_weight(_weights(24, 64, True)).dtype == torch.bfloat16  # N % 16: row-major
@@ -165,8 +186,8 @@ def test_accelerated_linear_keeps_parameters_and_falls_back():
     out = layer(x)
     out.sum().backward()
     assert layer.weight.grad is not None
-    # More rows than MAX_ROWS: torch's path, same values.
-    big = torch.randn(kernels.MAX_ROWS + 1, 64)
+    # More rows than max_rows(): torch's path, same values.
+    big = torch.randn(kernels.max_rows() + 1, 64)
     with torch.inference_mode():
         torch.testing.assert_close(layer(big), reference(big), rtol=1e-5, atol=1e-5)
 
@@ -226,7 +247,7 @@ def test_native_rms_norm_matches_torch(rows):
     got = kernels.rms_norm(x, weight, 1e-5)
     torch.testing.assert_close(got, F.rms_norm(x, (384,), weight, 1e-5), rtol=1e-5, atol=1e-5)
     # Not applicable (the caller falls back to torch): too many rows, autograd, odd sizes, other dtypes.
-    assert kernels.rms_norm(torch.randn(kernels.MAX_ROWS + 1, 384), weight, 1e-5) is None
+    assert kernels.rms_norm(torch.randn(kernels.max_rows() + 1, 384), weight, 1e-5) is None
     assert kernels.rms_norm(x, weight.clone().requires_grad_(), 1e-5) is None
     assert kernels.rms_norm(torch.randn(2, 12), torch.randn(12), 1e-5) is None
     assert kernels.rms_norm(x.double(), weight.double(), 1e-5) is None

@@ -7,7 +7,7 @@ are the same; ``small_m_linear.c`` reads each weight once per call for all rows,
 weights directly when a checkpoint's values are bf16 (the fp32 copy is then an exact upcast, so the
 products are the same numbers at half the traffic).
 
-    accelerate(model)      # every eligible nn.Linear of model uses the kernel for <= MAX_ROWS rows
+    accelerate(model)      # every eligible nn.Linear of model uses the kernel for <= max_rows() rows
     gate, up = projections(x, mlp.gate_proj, mlp.up_proj)   # one call for both
     qkv = joined_projection(x, attn.q_proj, attn.k_proj, attn.v_proj)   # (..., q | k | v)
     # (accelerate, quantize, projections, SmallRowsLinear: layers.py; fused passes: fused.py; weight
@@ -66,7 +66,11 @@ from verispec.kernels.formats import (  # noqa: F401  (re-exported)
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
-MAX_ROWS = 16  # beyond this torch's GEMM is as good (measured: experiments/small_m_kernel.py)
+MAX_ROWS = 16  # beyond this torch's GEMM is as good on the AVX2 loop (measured: experiments/small_m_kernel.py)
+# The AVX-512 loop (Zen 4, one thread) beat torch's fp32 GEMM at every size measured from 20 to 64 rows, whole
+# passes of 4 or 8 rows x 5-8 positions: tiny target 8.96 vs 11.08 ms at 20 rows, 25.3 vs 27.7 ms at 64;
+# SmolLM2's Q4_1 blocks 73.7 vs 88.1 ms and 279 vs 299 ms (experiments/kernel_rows.py).
+MAX_ROWS_AVX512 = 64
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
 # (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (experiments/amx_linear.py).
 # Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
@@ -103,6 +107,12 @@ def set_avx512(on: bool) -> bool:
     weights are the same for both loops); returns whether it is on. On only where ``avx512()`` allows."""
     lib = library()
     return bool(lib is not None and lib.set_avx512(int(on and not _avx512_reason)))
+
+
+def max_rows() -> int:
+    """Rows up to which a linear layer's packed weight takes the kernel's loops: MAX_ROWS_AVX512 where the
+    AVX-512 loop multiplies, else MAX_ROWS."""
+    return MAX_ROWS_AVX512 if avx512() else MAX_ROWS
 
 
 def max_fused() -> int:
@@ -157,13 +167,13 @@ def _product(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
-    tiles (int16-held bf16, uint8-held int8), INT8_ROWS for the AVX2 loop's int8 rows, MAX_ROWS for its
-    other formats. GGUF blocks too: their dequantization is redone per chunk of 6 rows, and on the
+    tiles (int16-held bf16, uint8-held int8), INT8_ROWS for the AVX2 loop's int8 rows, ``max_rows()`` for
+    its other formats. GGUF blocks too: their dequantization is redone per chunk of 6 rows, and on the
     Zen 3 torch's GEMM of the fp32 weight took 0.7x the kernel's time at 32 and 64 rows for 576 x 1536
     and 1536 x 576 layers in cache (only a 49152 x 576 head still won at 32 rows)."""
     if packed.dtype == torch.int8:
         return INT8_ROWS
-    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else MAX_ROWS
+    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else max_rows()
 
 
 def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -173,9 +183,9 @@ def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: 
 
 
 def _few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor, limit: int | None = None) -> bool:
-    """The kernel's domain: at most MAX_ROWS (or ``limit``) rows of ``width`` fp32 values on the CPU,
+    """The kernel's domain: at most ``max_rows()`` (or ``limit``) rows of ``width`` fp32 values on the CPU,
     no autograd."""
-    return (x.dtype == torch.float32 and not x.is_cuda and x.numel() <= (limit or MAX_ROWS) * width
+    return (x.dtype == torch.float32 and not x.is_cuda and x.numel() <= (limit or max_rows()) * width
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *parameters))))
 
 
@@ -223,7 +233,7 @@ def status(model: nn.Module | None = None) -> str:
                  for m in layers)
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
-    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {MAX_ROWS}" if tiled else f"<= {MAX_ROWS} rows"
+    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {max_rows()}" if tiled else f"<= {max_rows()} rows"
     weights = f"{bf16} with bf16 weights ({tiles}){int8}{blocks}"
     return f"on ({len(layers)} linear layers, {weights}, {rows}; {fused}; {paths()})"
 
