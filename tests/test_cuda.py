@@ -49,6 +49,14 @@ def on_device(checkpoints):
     return {name: load_checkpoint(path, device=DEVICE) for name, path in checkpoints.items()}
 
 
+@pytest.fixture(scope="module")
+def hf_on_device(checkpoints):
+    """The same checkpoints through transformers (one sequence per cache: BatchEngine runs them in RowLoop)."""
+    from verispec.models.hf import load_hf_checkpoint
+
+    return {name: load_hf_checkpoint(checkpoints[name], device=DEVICE) for name in ("llama", "draft")}
+
+
 def pair_of(target, draft=None) -> ModelPair:
     return ModelPair(target, draft, None, Path("target"), None)
 
@@ -81,10 +89,13 @@ def test_greedy_speculation_equals_plain_decoding_on_the_device(on_device, spec,
 @pytest.mark.parametrize("spec", [SpecConfig(gamma=4), SpecConfig(method="tree", tree="s3_k2_d6"),
                                   SpecConfig(gamma=3, drafter="ngram")], ids=["chain", "tree", "ngram"])
 @pytest.mark.parametrize("sampling", [GREEDY, SETTINGS[1]], ids=["greedy", "sampled"])
-def test_batched_rows_on_the_device_decode_as_alone(on_device, spec, sampling):
+@pytest.mark.parametrize("models", ["on_device", "hf_on_device"], ids=["native", "hf"])
+def test_batched_rows_on_the_device_decode_as_alone(request, models, spec, sampling):
     """Several rows through BatchEngine on the device: each row's tokens are what SpecEngine gives that
-    request alone (per-row generators: sampled rows too); greedy rows are plain decoding's."""
-    target, draft = on_device["llama"], on_device["draft"]
+    request alone (per-row generators: sampled rows too); greedy rows are plain decoding's. Also for the
+    transformers-backed models, whose rows run one pass each (RowLoop)."""
+    models = request.getfixturevalue(models)
+    target, draft = models["llama"], models["draft"]
     prompts = [PROMPT, [1, 2, 3], [60, 61, 5, 9, 9, 2, 33, 8], [4] * 11]
     engine = BatchEngine(target, draft, spec, max_batch=3)
     queue = [BatchRequest(str(i), p, sampling, StopRules(max_tokens=24 + 3 * i, ignore_eos=True), seed=i)
