@@ -16,9 +16,9 @@ draft model reads a sequence lazily, when it first drafts for it, so rounds at g
 plain decoding costs: no draft prefill, no draft catch-up. Before a round that would make it read a
 backlog, the policy may refuse the switch (``GammaPolicy.afford``: the reads must repay themselves over the
 rows' remaining tokens, or fit an exploration budget).
-A draft model's chains are drafted for all rows at once (``verispec.batch.draft``). Every other drafter
-(a draft model's static or dynamic trees in any sibling mode, n-gram chains and trees, self-speculation,
-an EAGLE head's chains and trees; any object with the ``Drafter`` protocol) is lent to each row
+A draft model's chains are drafted for all rows at once (``verispec.batch.draft``), and so are an EAGLE
+head's (``verispec.batch.eagle``). Every other drafter (a draft model's or an EAGLE head's static or
+dynamic trees in any sibling mode, n-gram chains and trees, self-speculation; any object with the ``Drafter`` protocol) is lent to each row
 (``verispec.batch.rows``): rows propose in turn with their own drafter and generator, and one target
 pass verifies every row's chain or tree. Each request decodes as ``SpecEngine`` decodes it alone.
 Self-speculation's verification is the batched full pass (its early layers' KV is recomputed, not

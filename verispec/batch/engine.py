@@ -11,6 +11,7 @@ import torch
 
 from verispec.adaptive import FixedGamma, GammaPolicy, check_policy, report_draft_reads
 from verispec.batch.draft import CATCH_UP_ALONE, BatchedDraft
+from verispec.batch.eagle import BatchedEagle
 from verispec.batch.row_loop import RowLoop
 from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob, check_request,
                                      token_logprobs)
@@ -70,19 +71,28 @@ class BatchEngine:
         # Rows are padded to the round's widest; a row near max_len still needs room for that pass.
         cache_len = self.max_len + self._slack(spec)
         self.cache = target.new_cache(max_batch, cache_len)
-        batched = spec.enabled and make_drafter is None and spec.drafter == "model" and spec.method == "chain"
-        self.draft = BatchedDraft(RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault) \
-            if batched else None
+        batched = spec.enabled and make_drafter is None and spec.drafter in ("model", "eagle") \
+            and spec.method == "chain"  # chains of a draft model or an EAGLE head: drafted for all rows at once
+        self.draft = (BatchedEagle(eagle, max_batch, cache_len) if spec.drafter == "eagle" else BatchedDraft(
+            RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault)) if batched else None
         make_drafter = make_drafter or self._drafter_maker(draft, eagle, cache_len)
         self.own = RowDrafters(make_drafter) if spec.enabled and not batched else None
         if self.own is not None:  # build one now: a drafter that cannot be built fails here, not per request
             self.own.release(self.own.acquire())
-        self.feeds_features = self.own is not None and self.own.free[0].wants_features
+        self.feeds_features = isinstance(self.draft, BatchedEagle) or (self.own is not None
+                                                                        and self.own.free[0].wants_features)
         self.max_batch = max_batch
         self.gamma_policy = gamma_policy or FixedGamma(spec.gamma if spec.enabled else 0)
         check_policy(self.gamma_policy)
         self.rows: list[Row] = []  # row i of the caches holds rows[i]
         self.refresh_s = 0.0  # this round's time committing the target cache (rows' commit / compact)
+
+    def _observe(self, sequence: Row, features: torch.Tensor) -> None:
+        """Committed tokens' target features to the row's feature drafter (its own, or the shared head)."""
+        if isinstance(self.draft, BatchedEagle):
+            self.draft.observe(sequence, features)
+        else:
+            sequence.drafter.observe(features)
 
     @staticmethod
     def _slack(spec: SpecConfig) -> int:
@@ -134,7 +144,7 @@ class BatchEngine:
         prompt = torch.tensor([request.prompt_ids])
         if self.feeds_features:  # the head reads the prompt's features from the prefill itself
             logits, features = self.target.forward(prompt, view, last_only=True, with_features=True)
-            sequence.drafter.observe(features[0])
+            self._observe(sequence, features[0])
         else:
             logits = self.target.forward(prompt, view, last_only=True)
         logits = logits[0, -1].cpu()
@@ -327,7 +337,7 @@ class BatchEngine:
                 view.commit(row, len(path))
             self.refresh_s += time.perf_counter() - began
             if self.feeds_features:
-                sequence.drafter.observe(features[row, path])
+                self._observe(sequence, features[row, path])
             verdicts.append(verdict)
             logprobs.append(None if sequence.request.logprobs is None else token_logprobs(
                 logits[row, path], verdict.tokens, sequence.request.logprobs,

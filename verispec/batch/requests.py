@@ -82,7 +82,9 @@ class Row:
     generated: list[int] = field(default_factory=list)
     draft_seen: list[int] = field(default_factory=list)  # tokens the shared batched draft has read for it
     acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
-    drafter: Drafter | None = None  # this row's own drafter (trees, self, EAGLE, n-gram), or None
+    drafter: Drafter | None = None  # this row's own drafter (trees, self, EAGLE trees, n-gram), or None
+    features: list = field(default_factory=list)  # target features the shared EAGLE head has not paired yet
+    paired: int = 0  # pairs the shared EAGLE head holds for it
     prediction: PredictionDrafter | None = None  # drafts from the request's predicted output instead
 
     @property
