@@ -45,13 +45,6 @@ class BatchedEagle:
 
     # ---- the head's passes -------------------------------------------------------------------------------
 
-    def _step(self, features: torch.Tensor, tokens: torch.Tensor, view) -> torch.Tensor:
-        """Pairs (features (B, T, H), tokens (B, T)) through the head's layer after each row's length in
-        ``view``; normalised predicted features (B, T, H). Writes the pairs' KV uncommitted."""
-        body = self.head.body
-        x = self.head.fc(torch.cat([features, body.embed(tokens)], dim=-1))
-        return body.model.norm(body.run_layers(x, view, 0, 1))
-
     def _unpaired(self, sequence: Row) -> tuple[torch.Tensor, list[int]]:
         features = torch.cat(sequence.features) if len(sequence.features) > 1 else sequence.features[0]
         tokens = sequence.context[sequence.paired + 1:]
@@ -76,7 +69,7 @@ class BatchedEagle:
             began, fresh = time.perf_counter(), sequence.paired == 0
             features, tokens = self._unpaired(sequence)
             view = self.cache.row_view(row)
-            self._step(features[None, :-1], torch.tensor([tokens[:-1]]), view)
+            self.head.step(features[None, :-1], torch.tensor([tokens[:-1]]), view)
             view.commit(0, len(tokens) - 1)
             self.cache.sync_row(row, view)
             self._paired(sequence, len(tokens) - 1)
@@ -94,13 +87,12 @@ class BatchedEagle:
         view = self.cache.prefix_view(len(rows))
         unpaired = [self._unpaired(s) for s in rows]
         width = max(len(tokens) for _, tokens in unpaired)
-        hidden = self.head.fc.in_features // 2
-        features = torch.zeros(len(rows), width, hidden)
+        features = torch.zeros(len(rows), width, self.head.body.config.hidden_size)
         fed = torch.zeros(len(rows), width, dtype=torch.long)
         for row, (rows_features, tokens) in enumerate(unpaired):  # padding after a row's pairs is never read
             features[row, :len(tokens)] = rows_features
             fed[row, :len(tokens)] = torch.tensor(tokens)
-        predicted = self._step(features, fed, view)
+        predicted = self.head.step(features, fed, view)
         normed = predicted[torch.arange(len(rows)), torch.tensor([len(t) - 1 for _, t in unpaired])]  # (B, H)
         for row, (sequence, (_, tokens)) in enumerate(zip(rows, unpaired)):
             view.commit(row, len(tokens))
@@ -120,7 +112,7 @@ class BatchedEagle:
                 if q is not None:
                     probs[row].append(q)
             if step + 1 < most:
-                normed = self._step(normed[:, None], torch.tensor([[d[-1]] for d in drafts]), view)[:, 0]
+                normed = self.head.step(normed[:, None], torch.tensor([[d[-1]] for d in drafts]), view)[:, 0]
                 for row in range(len(rows)):
                     view.commit(row, 1)
         for row, base in enumerate(bases):  # drop the staged pairs: only committed tokens stay paired

@@ -62,10 +62,7 @@ class EagleDrafter(DrafterBase):
               depths: torch.Tensor | None = None, staged: int = 0) -> torch.Tensor:
         """Pairs (features (T, H), tokens (T,)) through the layer after the cache's slots; normalised
         predicted features (T, H). Writes the pairs' KV at the cache's length (not committed)."""
-        body = self.head.body
-        x = self.head.fc(torch.cat([features, body.embed(torch.tensor([tokens]))[0]], dim=-1))
-        hidden = body.run_layers(x[None], self.cache, 0, 1, tree_mask, depths, staged)[0]
-        return body.model.norm(hidden)
+        return self.head.step(features[None], torch.tensor([tokens]), self.cache, tree_mask, depths, staged)[0]
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed the pairs of newly committed tokens; the normalised prediction at the last one (H,)."""

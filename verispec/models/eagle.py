@@ -74,6 +74,16 @@ class EagleHead(nn.Module):
         hidden = body.model.layers[0](x, cos, sin, None, 0, None, length)
         return body.model.norm(hidden)
 
+    # ---- inference: pairs through the layer after a cache's rows ----------------------------------------
+
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
+             depths: torch.Tensor | None = None, staged: int = 0) -> torch.Tensor:
+        """Pairs (features (B, T, H), tokens (B, T)) through the layer after each row's length in ``cache``;
+        normalised predicted features (B, T, H). Writes the pairs' KV there, uncommitted."""
+        body = self.body
+        x = self.fc(torch.cat([features, body.embed(tokens)], dim=-1))
+        return body.model.norm(body.run_layers(x, cache, 0, 1, tree_mask, depths, staged))
+
     def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits over the first ``draft_vocab`` ids for normalised features (..., H)."""
         return F.linear(normed, self.body.lm_head.weight[:self.draft_vocab])
