@@ -4,14 +4,17 @@ dequantization (hand-built blocks), and the int8 rows' layout. Pure tensor code:
 import pytest
 import torch
 
-from verispec.kernels.formats import (BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, _random_blocks,
-                                      block_bytes, dequantize_blocks, packed_inputs)
+from verispec.kernels.formats import (BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, _int8_rows, _int8_values,
+                                      _random_blocks, block_bytes, dequantize_blocks, dequantize_pairs,
+                                      packed_inputs, pair_blocks)
 
 
 def test_formats_are_told_apart_by_dtype():
-    assert [form.name for form in FORMATS.values()] == ["fp32", "bf16", "amx-bf16", "int8", "amx-int8", "Q4_1", "Q8_0"]
-    assert sorted(form.wtype for form in FORMATS.values()) == list(range(7))  # the C source's weight types
-    assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}
+    assert [form.name for form in FORMATS.values()] == ["fp32", "bf16", "amx-bf16", "int8", "amx-int8", "Q4_1", "Q8_0",
+                                                        "Q4_1 pairs"]
+    assert sorted(form.wtype for form in FORMATS.values()) == list(range(8))  # the C source's weight types
+    assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}  # a GGUF file's rows as stored
+    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS) and FORMATS[PAIRS].name == "Q4_1 pairs"
     assert block_bytes("Q4_1") == 20 and block_bytes("Q8_0") == 34  # fp16 d (and m), then 16 or 32 bytes
 
 
@@ -19,6 +22,7 @@ def test_formats_are_told_apart_by_dtype():
     (torch.float32, 64), (torch.bfloat16, 64), (torch.int16, 64),
     (torch.int8, 68), (torch.uint8, 68),  # an fp32 scale's 4 bytes, then the values
     (torch.int32, 10), (torch.uint16, 34),  # two GGUF blocks of 32 weights: 2 * 20 bytes, 2 * 34 bytes
+    (torch.int64, 6),  # one Q4_1 pair: 48 bytes
 ])
 def test_packed_inputs_of_each_format(dtype, columns):
     assert packed_inputs(torch.zeros(16, columns, dtype=dtype)) == 64
@@ -57,6 +61,27 @@ def test_q4_1_block_is_d_times_its_nibbles_plus_m():
     values = dequantize_blocks("Q4_1", row[None])
     want = torch.cat([0.25 * q.float() - 1.0, 2.0 * q.float()])
     torch.testing.assert_close(values, want[None], rtol=0, atol=0)
+
+
+def test_a_q4_1_pair_holds_both_blocks_scales_as_fp32_then_their_bytes_interleaved():
+    q = torch.tensor([(3 * i) % 16 for i in range(32)], dtype=torch.uint8)
+    first, second = q[:16] | (q[16:] << 4), (15 - q[:16]) | ((15 - q[16:]) << 4)
+    row = torch.cat([_half_bytes(0.25), _half_bytes(-1.0), first, _half_bytes(2.0), _half_bytes(0.5), second])
+    pair = pair_blocks(row[None])
+    assert pair.dtype == torch.int64 and pair.shape == (1, 6)
+    raw = pair.view(torch.uint8)[0]
+    assert raw[:16].view(torch.float32).tolist() == [0.25, 2.0, -1.0, 0.5]  # d0, d1, m0, m1
+    assert torch.equal(raw[16::2], first) and torch.equal(raw[17::2], second)  # lane i: first[i] | second[i] << 8
+    want = torch.cat([0.25 * q.float() - 1.0, 2.0 * (15 - q.float()) + 0.5])
+    torch.testing.assert_close(dequantize_pairs(pair), want[None], rtol=0, atol=0)
+
+
+def test_pairs_dequantize_to_the_q4_1_rows_values():
+    generator = torch.Generator().manual_seed(1)
+    raw = _random_blocks("Q4_1", 7, 576, generator)  # 9 pairs a row
+    pairs = pair_blocks(raw)
+    assert pairs.shape == (7, 54) and packed_inputs(pairs) == 576
+    assert torch.equal(dequantize_pairs(pairs), dequantize_blocks("Q4_1", raw))
 
 
 def test_random_blocks_have_finite_scales_and_whole_rows():

@@ -21,6 +21,14 @@ pytestmark = pytest.mark.skipif(kernels.library() is None,
 KINDS = ("Q4_1", "Q8_0")
 
 
+def _dtype(kind: str, in_features: int) -> torch.dtype:
+    """The packed dtype ``_pack_weight`` gives a layer's GGUF rows on this CPU: Q4_1 rows in pairs where
+    the AVX-512 loop multiplies and K % 64 == 0, else the rows as stored."""
+    if kind == "Q4_1" and in_features % 64 == 0 and kernels.avx512():
+        return kernels.PAIRS
+    return kernels.BLOCK_FORMATS[kind]
+
+
 def _blocks(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 GGUF rows of ``weight`` quantized by gguf-py, their values by gguf-py's dequantizer)."""
     qtype = getattr(gguf.GGMLQuantizationType, kind)
@@ -35,7 +43,7 @@ def _packed(kind, out_features=38, in_features=96, seed=0):
     weight[1] = 0.0  # a block of zeros: d = 0
     raw, values = _blocks(weight, kind)
     packed = kernels._pack_weight(values, (kind, raw))
-    assert packed.dtype == kernels.BLOCK_FORMATS[kind]
+    assert packed.dtype == _dtype(kind, in_features)
     return packed, values, raw
 
 
@@ -67,10 +75,34 @@ def test_a_row_gets_the_same_bits_alone_or_with_others(kind):
             assert torch.equal(batch[row], together[row])
 
 
+@pytest.mark.parametrize("avx512", [False, True])
+def test_q4_1_pairs_give_the_bits_of_the_rows_they_came_from(avx512):
+    """Repacking changes where the bytes lie, not a single product: on either loop, every row of every
+    pass size gets the bits the Q4_1 rows give on that loop (and the float64 product's value)."""
+    if avx512 and not kernels.avx512():
+        pytest.skip(f"no AVX-512 loop on this CPU: {kernels.status()}")
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(70, 576, generator=generator) * torch.logspace(-2, 1, 576)
+    weight[2, :64] = 0.0  # a pair of zero blocks: d = m = 0
+    raw, values = _blocks(weight, "Q4_1")
+    pairs, rows = kernels.pair_blocks(raw), raw.view(torch.int32)
+    try:
+        kernels.set_avx512(avx512)
+        for count in (1, 2, 4, 5, 7, 8, 9, 17, 64):
+            x = torch.randn(count, 576, generator=generator)
+            got = kernels.linear(x, pairs)
+            assert torch.equal(got, kernels.linear(x, rows))
+            want = x.double() @ values.double().T
+            scale = float((x.double().abs() @ values.double().abs().T).max())
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 * scale)
+    finally:
+        kernels.set_avx512(True)
+
+
 def test_blocks_are_used_only_where_they_hold_the_weight():
     weight = torch.randn(32, 64)
     raw, values = _blocks(weight, "Q4_1")
-    assert kernels._pack_weight(values, ("Q4_1", raw)).dtype == torch.int32
+    assert kernels._pack_weight(values, ("Q4_1", raw)).dtype == _dtype("Q4_1", 64)
     assert kernels._pack_weight(values, ("Q4_K", raw)).dtype == torch.float32  # a format the kernel lacks
     assert kernels._pack_weight(weight, ("Q4_1", raw)).dtype == torch.float32  # not their values
     assert kernels._pack_weight(values[:16], ("Q4_1", raw)).dtype == torch.float32  # other rows
@@ -81,7 +113,7 @@ def test_blocks_are_used_only_where_they_hold_the_weight():
         layer.weight.copy_(values)
     layer.gguf_blocks = ("Q4_1", raw)
     kernels.accelerate(layer)
-    assert layer.packed.dtype == torch.int32
+    assert layer.packed.dtype == _dtype("Q4_1", 64)
     x = torch.randn(3, 64)
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, values), rtol=1e-5, atol=1e-5)
@@ -119,9 +151,10 @@ def _gguf_model(tied: bool = False) -> tuple[LlamaForCausalLM, LlamaForCausalLM]
 def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
     model, plain = _gguf_model(tied)
     packed = {m.packed.dtype for m in model.modules() if isinstance(m, kernels.SmallRowsLinear)}
-    assert packed == {torch.int32, torch.uint16}
+    assert packed == {_dtype("Q4_1", 64), torch.uint16}
     assert "on (15 linear layers" in kernels.status(model)
-    assert "9 on Q4_1 blocks, 6 on Q8_0 blocks" in kernels.status(model)
+    pairs = " (9 repacked in pairs)" if kernels.avx512() else ""
+    assert f"9 on Q4_1 blocks{pairs}, 6 on Q8_0 blocks" in kernels.status(model)
     assert kernels.quantize(model) == 0  # block weights stay the file's own
     assert all(m.quantized is None for m in model.modules() if isinstance(m, kernels.SmallRowsLinear))
     monkeypatch.setattr(kernels, "FUSED_LAYERS", fused)
@@ -146,8 +179,8 @@ def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
         for cache in caches:
             cache.commit(0, part.stop - part.start)
     assert bool(calls) == fused
-    assert fused or {torch.int32, torch.uint16} <= set(linears)
-    assert model._limited_head(40).packed.dtype == torch.int32  # the head's first 40 rows, as blocks
+    assert fused or {_dtype("Q4_1", 64), torch.uint16} <= set(linears)
+    assert model._limited_head(40).packed.dtype == _dtype("Q4_1", 64)  # the head's first 40 rows, as blocks
     # a batch of two rows goes through ``decoder_layers`` (fused) or the per-op layers
     batch = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():

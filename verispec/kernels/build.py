@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from verispec import kernels as _k
-from verispec.kernels.formats import BLOCK_FORMATS, _int8_rows, _int8_values, _random_blocks, dequantize_blocks
+from verispec.kernels.formats import (BLOCK_FORMATS, _int8_rows, _int8_values, _random_blocks, dequantize_blocks,
+                                      pair_blocks)
 
 
 def cache_dir() -> Path:
@@ -210,6 +211,8 @@ def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tu
     for kind, dtype in BLOCK_FORMATS.items():
         raw = _random_blocks(kind, 18, 64, generator)
         weights[kind] = (raw.view(dtype), dequantize_blocks(kind, raw))
+    weights["Q4_1 pairs"] = (pair_blocks(raw := _random_blocks("Q4_1", 18, 64, generator)),
+                             dequantize_blocks("Q4_1", raw))
     if not _k._amx_reason:
         weights["amx-bf16"] = (_k._tiles(lib, exact[:16]), exact[:16].float())
         if "amx_int8" in _cpu_flags():

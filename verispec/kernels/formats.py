@@ -32,6 +32,7 @@ FORMATS = {
     torch.uint8: Format(4, "amx-int8", 1, 1, 4, 16, 64),  # tiled, see quantize_int8
     torch.int32: Format(5, "Q4_1", 5, 32, 0, 1, 32),  # a GGUF row's bytes, 20 a block of 32 weights
     torch.uint16: Format(6, "Q8_0", 17, 32, 0, 1, 32),  # a GGUF row's bytes, 34 a block of 32 weights
+    torch.int64: Format(7, "Q4_1 pairs", 6, 64, 0, 1, 64),  # Q4_1 rows repacked (``pair_blocks``), 48 bytes per 64
 }
 
 
@@ -39,6 +40,8 @@ WEIGHT_TYPES = {dtype: form.wtype for dtype, form in FORMATS.items()}  # C's wty
 
 
 BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.inputs == 32}  # "Q4_1" -> int32
+PAIRS = torch.int64  # the "Q4_1 pairs" dtype: a GGUF file's Q4_1 rows as the AVX-512 loop reads them best
+GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS)  # packed weights that hold a GGUF file's own values
 
 
 def packed_inputs(weight: torch.Tensor) -> int:
@@ -95,3 +98,27 @@ def _int8_rows(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     out[:, :4] = scale.view(torch.int8).reshape(-1, 4)
     out[:, 4:] = values
     return out
+
+
+def pair_blocks(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_1 rows (uint8 (N, K / 32 * 20), K % 64 == 0) -> the same weights as "Q4_1 pairs" (int64 (N, K / 64 * 6)),
+    the layout ``load16_q4_1_pairs`` in the C source reads: per two consecutive blocks, their d0, d1, m0, m1
+    as fp32 (exact conversions of the fp16 scales), then 16 uint16 lanes, lane i the first block's qs[i] in
+    its low byte and the second block's in its high byte."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 2, 20)
+    scales = blocks[..., :4].contiguous().view(torch.float16).float()  # (N, pairs, 2, [d, m])
+    header = scales.transpose(-1, -2).reshape(rows, -1, 4).contiguous().view(torch.uint8)  # d0, d1, m0, m1
+    lanes = blocks[..., 4:].transpose(-1, -2).reshape(rows, -1, 32)  # qs0[0], qs1[0], qs0[1], ...
+    return torch.cat([header, lanes], dim=-1).reshape(rows, -1).contiguous().view(torch.int64)
+
+
+def dequantize_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """"Q4_1 pairs" rows (``pair_blocks``) -> float32 (N, K): the values of the Q4_1 rows they came from."""
+    rows = packed.shape[0]
+    pairs = packed.view(torch.uint8).reshape(rows, -1, 48)
+    header = pairs[..., :16].contiguous().view(torch.float32)  # (N, pairs, 4)
+    lanes = pairs[..., 16:].reshape(rows, -1, 16, 2).transpose(-1, -2)  # (N, pairs, block, 16 bytes)
+    q = torch.cat([lanes & 15, lanes >> 4], dim=-1).float()  # (N, pairs, block, 32)
+    d, m = header[..., 0:2, None], header[..., 2:4, None]
+    return (d * q + m).reshape(rows, -1)

@@ -75,6 +75,19 @@ INLINE __m256 load_w_q4_1(const char *block, int g) {
     return _mm256_fmadd_ps(_mm256_permute_ps(dm, 0x00), _mm256_cvtepi32_ps(q), _mm256_permute_ps(dm, 0x55));
 }
 
+/* Q4_1 in pairs (wt 7): two consecutive GGUF Q4_1 blocks of a row repacked for the AVX-512 loop's
+ * lookups (``load16_q4_1_pairs``), 48 bytes for 64 weights, the values unchanged: d0, d1, m0, m1 as
+ * fp32 (the blocks' fp16 scales converted, exact), then 16 uint16 lanes, lane i the first block's qs[i]
+ * in its low byte and the second block's in its high byte, so bits 4j .. 4j + 3 of lane i hold weight
+ * 16 j + i of the pair. Here, 8 lanes at a time: lanes g (0..3) of the pair's block ``half`` are its
+ * weights 8g .. 8g + 7, valued d * q + m with one fused multiply-add as load_w_q4_1. */
+INLINE __m256 load_w_q4_1_pairs(const char *pair, int half, int g) {
+    const float *scales = (const float *)pair;
+    __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(pair + 16 + 16 * (g & 1))));
+    q = _mm256_and_si256(_mm256_srli_epi32(q, 4 * (2 * half + (g >> 1))), _mm256_set1_epi32(15));
+    return _mm256_fmadd_ps(_mm256_set1_ps(scales[half]), _mm256_cvtepi32_ps(q), _mm256_set1_ps(scales[2 + half]));
+}
+
 INLINE __m256 load_w_q8_0(const char *block, int g) {
     int16_t d;
     memcpy(&d, block, 2);
@@ -84,7 +97,7 @@ INLINE __m256 load_w_q8_0(const char *block, int g) {
 
 /* Bytes of one weight row of K inputs (int8 rows: with their scale). */
 INLINE long row_bytes(int wt, long K) {
-    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : K / 32 * 34;
+    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : wt == 7 ? K / 32 * 24 : K / 32 * 34;
 }
 
 /* The weight rows n0 .. n0 + NB - 1 a block reads (rows >= N read row N - 1): where each starts (int8
@@ -124,7 +137,8 @@ INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, lo
 
 /* Weight rows n0 .. n0 + NB - 1 (rows >= N are computed from row N - 1 and not stored) against input
  * rows m0 .. m0 + MB - 1. wt: 0 fp32, 1 bf16, 3 int8 rows with their scale (see load_w_i8), 5 Q4_1 and
- * 6 Q8_0 blocks (see load_w_q4_1). Block weights are dequantized 8 lanes at a time, once for all MB rows. */
+ * 6 Q8_0 blocks (see load_w_q4_1), 7 Q4_1 pairs (see load_w_q4_1_pairs). Block weights are dequantized
+ * 8 lanes at a time, once for all MB rows. */
 INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
     const WeightRows rows = weight_rows(w, wt, K, N, n0, NB);
@@ -133,22 +147,24 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     const float *xb = x + m0 * K;
     __m256 wv[4];
-    if (wt == 5 || wt == 6) {
-        const long size = wt == 5 ? 20 : 34;  /* bytes a block */
+    if (wt == 5 || wt == 6 || wt == 7) {
+        const long size = wt == 5 ? 20 : wt == 7 ? 24 : 34;  /* bytes a block */
         for (long k = 0; k < K; k += 32) {
-            const long at = k / 32 * size;
+            const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
             /* The NB rows' blocks dequantized first, then multiplied: interleaving the two kept too many
              * registers live (spills; 1.3x the time at one row, 576 x 1536 Q4_1 on the Zen 3). */
             __m256 dequantized[4][4];
             /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
              * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
              * Unconditional: a check for a new line cost as much as the repeats. */
-            prefetch_rows(&rows, NB, at + size - 1);
+            prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
             for (int a = 0; a < NB; a++) {
                 const char *gguf_block = rows.start[a] + at;
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++)
-                    dequantized[a][g] = wt == 5 ? load_w_q4_1(gguf_block, g) : load_w_q8_0(gguf_block, g);
+                    dequantized[a][g] = wt == 5 ? load_w_q4_1(gguf_block, g)
+                                      : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
+                                                : load_w_q8_0(gguf_block, g);
             }
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
@@ -179,7 +195,7 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     long m0 = 0;
-    if ((wt == 5 || wt == 6) && M >= 7 && M <= 8) {
+    if ((wt == 5 || wt == 6 || wt == 7) && M >= 7 && M <= 8) {
         /* GGUF blocks: dequantizing a block costs about what multiplying it by 4 rows does, so 7-8 rows
          * go through in one pass per weight row (one dequantization) rather than as 6 + 1-2. */
         for (int a = 0; a < 4; a++) {
@@ -245,6 +261,24 @@ INLINE512 void load16_q4_1(const char *block, __m512 out[2]) {
     out[1] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), mv);
 }
 
+/* The 64 weights of a Q4_1 pair (see load_w_q4_1_pairs), 16 lanes at a time: out[j] weights 16 j ..
+ * 16 j + 15. A 4-bit weight of a block takes one of 16 values, d * i + m (i = 0..15): those are made
+ * once (one fused multiply-add, the same rounding as load_w_q4_1's) and each weight looked up by its
+ * nibble (vpermps reads the low 4 bits of each index lane). Converting and scaling each weight instead
+ * made Zen 4's shuffle and FMA pipes the limit of a one-row pass: the pairs took 5.2 cycles a block of
+ * one weight row there against 6.5 for load16_q4_1 (one row, 1536 x 576; experiments/q4_1_pairs.py). */
+INLINE512 void load16_q4_1_pairs(const char *pair, __m512 out[4]) {
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const float *scales = (const float *)pair;
+    const __m512 first = _mm512_fmadd_ps(_mm512_set1_ps(scales[0]), iota, _mm512_set1_ps(scales[2]));
+    const __m512 second = _mm512_fmadd_ps(_mm512_set1_ps(scales[1]), iota, _mm512_set1_ps(scales[3]));
+    const __m512i q = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(pair + 16)));
+    out[0] = _mm512_permutexvar_ps(q, first);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), first);
+    out[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8), second);
+    out[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 12), second);
+}
+
 INLINE512 void load16_q8_0(const char *block, __m512 out[2]) {
     uint16_t d;
     memcpy(&d, block, 2);
@@ -289,7 +323,18 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
         for (int b = 0; b < MB; b++) acc[a][b] = _mm512_setzero_ps();
     const float *xb = x + m0 * K;
     __m512 wv[4];
-    if (wt == 5 || wt == 6) {
+    if (wt == 7) {
+        for (long k = 0; k < K; k += 64) {  /* a pair of blocks at a time; the same order of products */
+            const long at = k / 64 * 48;
+            __m512 dequantized[4][4];
+            prefetch_rows(&rows, NB, at + 47);
+            for (int a = 0; a < NB; a++) load16_q4_1_pairs(rows.start[a] + at, dequantized[a]);
+            for (int g = 0; g < 4; g++) {
+                for (int a = 0; a < NB; a++) wv[a] = dequantized[a][g];
+                accumulate16(acc, wv, xb, K, k + 16 * g, MB, NB);
+            }
+        }
+    } else if (wt == 5 || wt == 6) {
         const long size = wt == 5 ? 20 : 34;
         for (long k = 0; k < K; k += 32) {
             const long at = k / 32 * size;
@@ -336,7 +381,7 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
 INLINE512 void weight_block16(const float *x, const void *w, int wt, float *y, const float *bias,
                               long M, long K, long N, long n0) {
     long m0 = 0;
-    if (wt != 5 && wt != 6) {
+    if (wt != 5 && wt != 6 && wt != 7) {
         for (; M - m0 > 6; m0 += 4) block16(x, w, wt, y, bias, K, N, m0, 4, n0, 4);
         switch (M - m0) {
         case 6: block16(x, w, wt, y, bias, K, N, m0, 6, n0, 4); break;
@@ -375,6 +420,7 @@ AVX512_TARGET static void run16(const float *x, const void *w, int wtype, float 
         case 3: weight_block16(x, w, 3, y, bias, M, K, N, 4 * i); break;
         case 5: weight_block16(x, w, 5, y, bias, M, K, N, 4 * i); break;
         case 6: weight_block16(x, w, 6, y, bias, M, K, N, 4 * i); break;
+        case 7: weight_block16(x, w, 7, y, bias, M, K, N, 4 * i); break;
         default: weight_block16(x, w, 0, y, bias, M, K, N, 4 * i); break;
         }
     }
@@ -400,7 +446,8 @@ int set_avx512(int on) {
 int avx512_on(void) { return use_avx512; }
 
 /* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below), 3 int8 rows with
- * their scale, 4 int8 tiled for AMX (run_amx_i8), 5 Q4_1 and 6 Q8_0 GGUF block rows (K % 32 == 0).
+ * their scale, 4 int8 tiled for AMX (run_amx_i8), 5 Q4_1 and 6 Q8_0 GGUF block rows (K % 32 == 0), 7 Q4_1
+ * rows in pairs of blocks (K % 64 == 0, see load_w_q4_1_pairs).
  * 1 when scratch memory could not be allocated (AMX only). */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads);
@@ -424,6 +471,7 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
         case 3: weight_block(x, w, 3, y, bias, M, K, N, 4 * i); break;
         case 5: weight_block(x, w, 5, y, bias, M, K, N, 4 * i); break;
         case 6: weight_block(x, w, 6, y, bias, M, K, N, 4 * i); break;
+        case 7: weight_block(x, w, 7, y, bias, M, K, N, 4 * i); break;
         default: weight_block(x, w, 0, y, bias, M, K, N, 4 * i); break;
         }
     }
