@@ -69,10 +69,12 @@ def test_the_two_loops_sum_in_different_orders_and_widths_off_16_take_avx2():
 
 @AVX512_ONLY
 def test_status_names_the_loop_in_use_and_switches():
-    assert kernels.status().startswith("available (avx512: fp32, bf16, int8, Q4_1, Q8_0 (K % 16 == 0, else avx2)")
+    assert kernels.status().startswith(
+        "available (avx512: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs (K % 16 == 0, else avx2)")
     kernels.set_avx512(False)
     try:
-        assert kernels.status().startswith("available (avx2: fp32, bf16, int8, Q4_1, Q8_0; AVX-512 off: switched off")
+        assert kernels.status().startswith(
+            "available (avx2: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs; AVX-512 off: switched off")
     finally:
         kernels.set_avx512(True)
     assert kernels.library().avx512_on() == 1
@@ -85,7 +87,8 @@ def test_avx512_is_switched_off_by_environment(monkeypatch):
     try:
         assert kernels.library() is not None and not kernels.avx512()
         assert kernels.library().avx512_on() == 0 and not kernels.set_avx512(True)
-        assert "avx2: fp32, bf16, int8, Q4_1, Q8_0; AVX-512 off: disabled by VERISPEC_AVX512=0" in kernels.status()
+        assert ("avx2: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs; AVX-512 off: disabled by VERISPEC_AVX512=0"
+                in kernels.status())
     finally:
         monkeypatch.delenv("VERISPEC_AVX512")
         kernels.library.cache_clear()
@@ -105,7 +108,8 @@ def test_an_avx512_loop_failing_the_self_check_leaves_the_avx2_loop(monkeypatch)
     try:
         assert kernels.library() is not None and not kernels.avx512() and not kernels._failed
         assert kernels._avx512_reason.startswith("self-check failed: bf16 (off by up to 1")
-        assert kernels.status().startswith("available (avx2: fp32, bf16, int8, Q4_1, Q8_0; AVX-512 off: self-check")
+        assert kernels.status().startswith(
+            "available (avx2: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs; AVX-512 off: self-check")
     finally:
         monkeypatch.undo()
         kernels.library.cache_clear()

@@ -4,7 +4,7 @@ fp32; AMX tiles where the CPU has them) and int8 rows for drafts. Tile order its
 import torch
 
 from verispec import kernels
-from verispec.kernels.formats import _random_blocks, dequantize_blocks
+from verispec.kernels.formats import _random_blocks, dequantize_blocks, pair_blocks
 from verispec.kernels.packing import _pack_blocks, _pack_weight, quantize_int8
 
 
@@ -31,7 +31,11 @@ def test_gguf_rows_are_used_only_where_they_hold_the_weight():
         raw = _random_blocks(kind, 8, 64, generator)
         values = dequantize_blocks(kind, raw)
         packed = _pack_blocks(values, kind, raw)
-        assert packed.dtype == dtype and torch.equal(packed.view(torch.uint8), raw)
+        if kind == "Q4_1" and kernels.avx512():  # K % 64 == 0: repacked in pairs, the same values
+            assert packed.dtype == kernels.PAIRS and torch.equal(packed, pair_blocks(raw))
+            dtype = kernels.PAIRS
+        else:
+            assert packed.dtype == dtype and torch.equal(packed.view(torch.uint8), raw)
         assert _pack_weight(values, (kind, raw)).dtype == dtype
         edited = values.clone()
         edited[7, 63] += 1.0
@@ -41,6 +45,8 @@ def test_gguf_rows_are_used_only_where_they_hold_the_weight():
         assert _pack_blocks(values.double(), kind, raw) is None
     raw = _random_blocks("Q8_0", 8, 64, generator)
     assert _pack_blocks(dequantize_blocks("Q8_0", raw), "Q4_K", raw) is None  # a format the kernel lacks
+    raw = _random_blocks("Q4_1", 8, 96, generator)  # K % 64 != 0: the rows as stored on every loop
+    assert _pack_blocks(dequantize_blocks("Q4_1", raw), "Q4_1", raw).dtype == torch.int32
 
 
 def test_int8_rows_keep_each_weight_within_half_a_step():

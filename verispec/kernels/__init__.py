@@ -14,7 +14,7 @@ products are the same numbers at half the traffic).
     # formats: formats.py; building and loading, self-check: build.py; packing weights: packing.py;
     # all re-exported here)
     status(model)          # "on (57 linear layers, 57 with bf16 weights (...), <= 16 rows; whole decoder
-                           #  layers <= 64 rows; avx512: fp32, bf16, int8, Q4_1, Q8_0 (K % 16 == 0, else
+                           #  layers <= 64 rows; avx512: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs (K % 16 == 0, else
                            #  avx2); AMX off: ...)" or why not
 
 The kernel sums every output in the same order whatever the number of rows, so a row's projection is
@@ -61,8 +61,8 @@ import torch
 from torch import nn
 
 from verispec.kernels.formats import (  # noqa: F401  (re-exported)
-    BLOCK_FORMATS, FORMATS, WEIGHT_TYPES, Format, _int8_rows, _int8_values, _random_blocks, block_bytes,
-    dequantize_blocks, packed_inputs)
+    BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, WEIGHT_TYPES, Format, _int8_rows, _int8_values, _random_blocks,
+    block_bytes, dequantize_blocks, dequantize_pairs, packed_inputs, pair_blocks)
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
@@ -226,11 +226,12 @@ def status(model: nn.Module | None = None) -> str:
         where = f"{on_tiles} on AMX-INT8 tiles" if on_tiles else f"int8 rows for <= {INT8_ROWS} rows"
         int8 = f", {len(quantized)} with int8 weights ({where})"
     blocks = ""
+    pairs = sum(m.packed.dtype == PAIRS for m in layers)
     for kind, dtype in BLOCK_FORMATS.items():
-        count = sum(m.packed.dtype == dtype for m in layers)
+        count = sum(m.packed.dtype == dtype for m in layers) + (pairs if kind == "Q4_1" else 0)
         blocks += f", {count} on {kind} blocks" if count else ""
-    unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in BLOCK_FORMATS.values()
-                 for m in layers)
+        blocks += f" ({pairs} repacked in pairs)" if count and pairs and kind == "Q4_1" else ""
+    unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in GGUF_DTYPES for m in layers)
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
     rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {max_rows()}" if tiled else f"<= {max_rows()} rows"
@@ -240,7 +241,7 @@ def status(model: nn.Module | None = None) -> str:
 
 def paths() -> str:
     """The instruction-set paths the kernel multiplies with on this CPU and the weight formats each
-    takes, e.g. "avx2: fp32, bf16, int8, Q4_1, Q8_0; AVX-512 off: no AVX-512 F/BW/VL/DQ on this CPU; AMX
+    takes, e.g. "avx2: fp32, bf16, int8, Q4_1, Q8_0, Q4_1 pairs; AVX-512 off: no AVX-512 F/BW/VL/DQ on this CPU; AMX
     off: no AMX-BF16 on this CPU", and any path
     the load-time self-check turned off, with why. Call when ``library()`` is not None."""
     loop = [form.name for form in FORMATS.values() if form.rows_multiple == 1 and form.name not in _failed]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels as _k
-from verispec.kernels.formats import BLOCK_FORMATS
+from verispec.kernels.formats import GGUF_DTYPES
 
 
 class SmallRowsLinear(nn.Linear):
@@ -138,7 +138,7 @@ def quantize(model: nn.Module) -> int:
     layers = [m for m in model.modules() if isinstance(m, SmallRowsLinear)]
     with torch.no_grad():
         for layer in layers:
-            on_blocks = layer.packed.dtype in BLOCK_FORMATS.values()
+            on_blocks = layer.packed.dtype in GGUF_DTYPES
             layer.quantized = None if on_blocks else _k.quantize_int8(layer.weight)
             layer.group = None
         for module in model.modules():

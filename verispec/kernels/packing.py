@@ -10,7 +10,8 @@ import ctypes
 import torch
 
 from verispec import kernels as _k
-from verispec.kernels.formats import BLOCK_FORMATS, _int8_rows, _int8_values, block_bytes, dequantize_blocks
+from verispec.kernels.formats import (BLOCK_FORMATS, _int8_rows, _int8_values, block_bytes, dequantize_blocks,
+                                      pair_blocks)
 
 
 def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -45,7 +46,9 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
     of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
     that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
-    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). None, so the caller
+    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). Where the AVX-512 loop
+    multiplies and K % 64 == 0, Q4_1 rows are repacked as "Q4_1 pairs" (``pair_blocks``, int64 (N, K / 64
+    * 6)): the same values in 24 bytes a block instead of 20, which that loop multiplies faster. None, so the caller
     packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
     to exactly ``weight`` (a loader's row order mistake, or a weight edited in place, would otherwise
     make the kernel compute something else than torch's path)."""
@@ -61,6 +64,8 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
         if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
             return None
+    if kind == "Q4_1" and in_features % 64 == 0 and _k.avx512() and "Q4_1 pairs" not in _k._failed:
+        return pair_blocks(raw)
     return raw.view(dtype)
 
 
