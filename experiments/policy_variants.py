@@ -4,9 +4,12 @@ prompts once, as there; with --swap the two halves trade places): decode ms per 
 excluded) per repeat, interleaved per prompt, speedup over plain decoding = median over repeats of the
 per-repeat ratio.
 
-    OMP_NUM_THREADS=1 python experiments/policy_variants.py [--prompts 4] [--repeats 5] [--swap] [--priors 2,4]
+    OMP_NUM_THREADS=1 python experiments/policy_variants.py [--target smollm2] [--prompts 4] [--repeats 5] [--swap]
+        [--priors 2,4] [--variants adaptive,start_largest,model_only]
 
-Variants: the default policy (its batch-1 depth follows each request's runs); ``model_only`` (the same
+Variants: the default policy (its batch-1 depth follows each request's runs, starting at the cost
+model's gamma); ``start_largest`` (the same, each request's run started at the largest candidate);
+``model_only`` (the same
 without following runs: the cost model's gamma for every round);
 per-request acceptance blended with more prior weight (prior_rounds 32); shared acceptance only (one
 gamma for every request); the default seeded from a calibrated profile measured in this process (as
@@ -31,6 +34,8 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import build_engine, load_pair, resolve_draft_vocab
 
 ap = argparse.ArgumentParser()
+ap.add_argument("--target", default="tiny", help="tiny (default) or smollm2")
+ap.add_argument("--variants", default="", help="only these policies (comma-separated names), beside off and gamma 3-6")
 ap.add_argument("--prompts", type=int, default=4)
 ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--max-tokens", type=int, default=64)
@@ -39,7 +44,7 @@ ap.add_argument("--hf-like", action="store_true", help="more variants: up1, up2,
 ap.add_argument("--swap", action="store_true", help="evaluate on the calibration half, calibrate on the evaluation half")
 args = ap.parse_args()
 
-pair = load_pair("tiny")
+pair = load_pair(args.target)
 vocab = resolve_draft_vocab(pair, "auto")
 evaluation, calibration = split_prompts(pair.tokenizer, args.prompts, pair.target.config.max_context - 80)
 if args.swap:
@@ -117,6 +122,14 @@ class HFSkipEmpty(HFHeuristicGamma):
             super().observe(batch_size, gamma, seconds, accepted, drafted)
 
 
+class StartLargest(AdaptiveGamma):
+    """Batch 1's run depth started at the largest candidate for every new request (the rule before it
+    started at the cost model's choice)."""
+
+    def _run_depth(self, request, best):
+        return super()._run_depth(request, self.candidates[-1])
+
+
 class SharedOnly(AdaptiveGamma):
     def choose(self, batch_size, request=None):
         return super().choose(batch_size, None)
@@ -131,6 +144,7 @@ def seeded():
 policies = {"adaptive": lambda: AdaptiveGamma(max_gamma=8), "model_only": lambda: AdaptiveGamma(max_gamma=8, follow_runs=False),
             "prior32": lambda: AdaptiveGamma(max_gamma=8, prior_rounds=32),
             "shared": lambda: SharedOnly(max_gamma=8), "seeded": seeded,
+            "start_largest": lambda: StartLargest(max_gamma=8),
             "hf": lambda: HFHeuristicGamma(initial=8), "hf_reset": HFReset, "pinned4": lambda: Pinned4(max_gamma=8)}
 if args.hf_like:
     policies.update({"up1": lambda: AfterFull(1, max_gamma=8, follow_runs=False),
@@ -141,6 +155,8 @@ if args.hf_like:
                      **{f"hf_start{i}": (lambda i=i: HFHeuristicGamma(initial=i)) for i in (5, 6, 7, 9, 10)}})
 for weight in (int(w) for w in args.priors.split(",") if w):
     policies[f"prior{weight}"] = lambda weight=weight: AdaptiveGamma(max_gamma=8, prior_rounds=weight)
+if args.variants:
+    policies = {name: policies[name] for name in args.variants.split(",")}
 specs = {"off": SpecConfig(method="none"), **{f"gamma{g}": SpecConfig(gamma=g, draft_vocab=vocab) for g in (3, 4, 5, 6)},
          **{name: SpecConfig(gamma=8, gamma_policy="adaptive", draft_vocab=vocab) for name in policies}}
 engines = {name: build_engine(pair, spec) for name, spec in specs.items()}

@@ -282,8 +282,8 @@ def test_a_re_measure_between_speculating_gammas_is_not_a_switch():
 
 
 def test_at_batch_one_the_depth_follows_the_requests_runs():
-    """Batch 1 with a request: once speculation is chosen, the depth starts at the largest candidate for
-    each new request, gains RUN_UP after a fully accepted round, loses one after any other, stays within
+    """Batch 1 with a request: once speculation is chosen, the depth starts at the cost model's gamma (here
+    the largest candidate: every draft is accepted) for each new request, gains RUN_UP after a fully accepted round, loses one after any other, stays within
     [1, 2 x the largest candidate] and is drafted up to the largest candidate."""
     from verispec.adaptive import AcceptanceCounts
 
@@ -309,6 +309,22 @@ def test_at_batch_one_the_depth_follows_the_requests_runs():
     for gamma in fixed.candidates:
         fixed.observe(1, gamma, 0.01 + 0.0005 * gamma, [gamma], [gamma])
     assert fixed.choose(1, AcceptanceCounts()) == 8 and fixed.choose(1, request) == 8  # no depth state
+
+
+def test_a_requests_run_starts_at_the_cost_models_gamma():
+    """The depth a new request's run starts at is the cost model's choice, not the largest candidate:
+    where only the first draft is ever right, a request starts at gamma 1 (a start at 8 paid seven
+    positions that could not be accepted, round after round on the way down)."""
+    from verispec.adaptive import AcceptanceCounts
+
+    policy = AdaptiveGamma(max_gamma=8, min_samples=1)
+    for gamma in policy.candidates:  # cheap verification; the first draft always right, the second never
+        policy.observe(1, gamma, 0.01 + 0.002 * gamma, [min(gamma, 1)], [gamma])
+    request = AcceptanceCounts()
+    assert policy.choose(1, request) == 1
+    policy.observe(1, 1, 0.012, [1], [1])  # fully accepted: the run deepens by RUN_UP
+    request.add(1, 1)
+    assert policy.choose(1, request) == 1 + AdaptiveGamma.RUN_UP
 
 
 def test_following_runs_never_overrides_plain_decoding():

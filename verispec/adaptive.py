@@ -37,7 +37,7 @@ positions costs more than the accepted tokens bring; speculation must beat it by
   with the shared rates, which weigh as ``prior_rounds`` (8) rounds of prior evidence. Round times stay
   shared: a round's cost does not depend on whose tokens it verifies.
 - Batch 1 follows runs (``follow_runs``): once the cost model says speculation pays, a request's depth
-  starts at the largest candidate, gains ``RUN_UP`` (2) after a round that accepted every draft and loses
+  starts at the cost model's gamma, gains ``RUN_UP`` (2) after a round that accepted every draft and loses
   1 after any other, within [1, 2 x the largest candidate]; the round drafts min(depth, largest
   candidate). Whether to speculate is re-checked every ``FOLLOW_CHECK_ROUNDS`` rounds.
 
@@ -277,7 +277,7 @@ class AdaptiveGamma(GammaPolicyBase):
         self.last_best[bucket] = best
         if self.follow_runs and best and batch_size == 1 and request is not None:
             self._follow_until = count + self.FOLLOW_CHECK_ROUNDS
-            return self._run_depth(request)
+            return self._run_depth(request, best)
         key = (bucket, best)
         if key not in self.next_explore:  # a new best: re-measure its neighbours soon
             self.interval[key] = self.explore_every
@@ -298,11 +298,11 @@ class AdaptiveGamma(GammaPolicyBase):
             return neighbour
         return best
 
-    def _run_depth(self, request: AcceptanceCounts) -> int:
-        """This request's depth under the run rule (module docstring): the largest candidate when the
-        request is new, then +``RUN_UP`` after each fully accepted round and -1 after any other."""
+    def _run_depth(self, request: AcceptanceCounts, best: int) -> int:
+        """This request's depth under the run rule (module docstring): ``best`` (the cost model's choice)
+        when the request is new, then +``RUN_UP`` after each fully accepted round and -1 after any other."""
         if self._run is None or self._run[0] is not request:
-            self._run = (request, self.candidates[-1])
+            self._run = (request, best)
         return min(self._run[1], self.candidates[-1])
 
     def _rates(self, bucket: int, batch_size: int, tried: list[int], request: AcceptanceCounts | None,
