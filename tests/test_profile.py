@@ -76,8 +76,8 @@ def test_cycling_calibration_times_every_width_in_situ(checkpoints):
     assert costs["read_ms_per_token"] > 0  # each request's first round read its 40-token prompt
     plans, _ = plan_from_profile({"verify_ms": {"1": 1.0, "2": 2.0, "3": 3.0, "4": 4.0}, "calibration": calibration,
                                   "decode_ms": 1.0, "draft_ms": 0.5, "state_ms": 0.1})
-    from verispec.profile import affine_fit
-    fitted = affine_fit({int(w): ms for w, ms in costs["round_ms"].items()},
+    from verispec.profile import local_fit
+    fitted = local_fit({int(w): ms for w, ms in costs["round_ms"].items()},
                         {int(w): n for w, n in costs["rounds_by_width"].items()})
     timed = [fitted[1], fitted[2], fitted[3]]
     for gamma in (1, 2, 3):
@@ -150,6 +150,24 @@ def test_affine_fit_is_weighted_least_squares():
     # A falling line or too few points: non-decreasing values instead.
     assert affine_fit({1: 3.0, 2: 2.0, 3: 1.0}, {1: 1, 2: 1, 3: 1}) == pytest.approx({1: 2.0, 2: 2.0, 3: 2.0})
     assert affine_fit({1: 3.0, 2: 2.0}, {1: 1, 2: 1}) == pytest.approx({1: 2.5, 2: 2.5})
+
+
+def test_local_fit_follows_bends_and_averages_noise():
+    from verispec.profile import affine_fit, local_fit
+
+    # A bend: 10, 13, 16 then steeper. One line through all misses width 1 by a lot; the local fit,
+    # a line through widths 1-3, gives it exactly.
+    bent = {1: 10.0, 2: 13.0, 3: 16.0, 4: 25.0, 5: 34.0, 6: 43.0}
+    ones = {w: 1 for w in bent}
+    assert affine_fit(bent, ones)[1] < 9.0
+    local = local_fit(bent, ones)
+    assert local[1] == pytest.approx(10.0) and local[6] == pytest.approx(43.0)
+    assert local[3] == pytest.approx(18.0)  # widths 2-4 (13, 16, 25): the bend averaged in
+    # Noise in one width is shared with its neighbours, weighted by their rounds.
+    noisy = local_fit({1: 10.0, 2: 14.0, 3: 12.0, 4: 14.0}, {1: 10, 2: 1, 3: 10, 4: 10})
+    assert 11.0 < noisy[2] < 12.0
+    assert list(noisy.values()) == sorted(noisy.values())  # non-decreasing
+    assert local_fit({1: 3.0, 2: 2.0}, {1: 1, 2: 1}) == affine_fit({1: 3.0, 2: 2.0}, {1: 1, 2: 1})
 
 
 def test_monotone_pools_decreasing_runs():

@@ -281,6 +281,20 @@ def affine_fit(values: dict[int, float], weights: dict[int, float]) -> dict[int,
     return dict(zip(xs, monotone([values[x] for x in xs])))
 
 
+def local_fit(values: dict[int, float], weights: dict[int, float], width: int = 3) -> dict[int, float]:
+    """``values`` (x -> y) each replaced by the weighted least-squares line through the ``width`` nearest
+    x (itself included; the smaller on a tie), then made non-decreasing: noise in one x is averaged with its
+    neighbours while the curve keeps its bends. Fewer than ``width`` points: ``affine_fit``."""
+    xs = sorted(values)
+    if len(xs) < width:
+        return affine_fit(values, weights)
+    fitted = []
+    for x in xs:
+        near = sorted(xs, key=lambda other: (abs(other - x), other))[:width]
+        fitted.append(affine_fit({v: values[v] for v in near}, {v: weights[v] for v in near})[x])
+    return dict(zip(xs, monotone(fitted)))
+
+
 def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None, max_gamma: int | None = None):
     """Predicted plans for gamma 0 (plain decoding, speedup 1 by definition) .. max_gamma from a
     profile (and its calibration, if any)."""
@@ -310,15 +324,16 @@ def plan_from_profile(profile_data: dict, acceptance: list[float] | None = None,
         costs = dict(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=low)
         verify = {n: low + slope * (ms - verify[1]) for n, ms in verify.items()}
     if in_situ and in_situ.get("round_ms"):
-        # A cycling calibration timed every width's whole round in one loop. A round costs drafting
-        # (per token) plus verifying (near-linear in positions on these kernels) plus overhead, so the
-        # cycles are the least-squares line through the timed rounds (weighted by rounds per width):
-        # one width's ~20 rounds alone moved its prediction by 10%. The draft's reads of each prompt
-        # are a per-token cost of speculating at all. The model above fills untimed widths.
+        # A cycling calibration timed every width's whole round in one loop. Each width's cycle is the
+        # least-squares line through it and its two nearest widths (weighted by rounds per width): one
+        # width's ~20 rounds alone moved its prediction by 10%, while one line through all widths missed
+        # the bends of the verify curve (SmolLM2 on the Zen 4 EPYC: a gamma-1 round 13% under its
+        # timing, so the planner chose gamma 1 where plain decoding was 10% faster). The draft's reads
+        # of each prompt are a per-token cost of speculating at all. The model above fills untimed widths.
         timed = {int(w): ms for w, ms in in_situ["round_ms"].items()}
         counts = {int(w): n for w, n in in_situ.get("rounds_by_width", {}).items()}
         costs.update(draft_ms=in_situ["draft_ms"], state_ms=in_situ["state_ms"], baseline_ms=in_situ["decode_ms"])
-        costs["measured_cycle_ms"] = affine_fit(timed, {w: counts.get(w, 1) for w in timed})
+        costs["measured_cycle_ms"] = local_fit(timed, {w: counts.get(w, 1) for w in timed})
         costs["read_ms_per_token"] = in_situ.get("read_ms_per_token", 0.0)
     if calibration.get("tokens_per_round") and acceptance is calibration.get("acceptance"):
         # Greedy chains replayed on the calibration prompts: committed tokens per round per gamma
