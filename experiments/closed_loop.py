@@ -4,7 +4,8 @@ across points as a server keeps its policy. Prints output tokens/s per point, th
 (median of per-repeat ratios), the adaptive engine's draft reads (prompts and backlogs) per point and,
 with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 
-    OMP_NUM_THREADS=1 python experiments/closed_loop.py [--repeats 3] [--points 1,2,4,8,16,32,64] [--trace]
+    OMP_NUM_THREADS=1 python experiments/closed_loop.py [--target smollm2] [--repeats 3] [--points 1,2,4,8,16,32,64]
+        [--trace]
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -16,6 +17,7 @@ from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.loading import freeze_long_lived_objects, load_pair, resolve_draft_vocab
 
 ap = argparse.ArgumentParser()
+ap.add_argument("--target", default="tiny", help="tiny (default) or smollm2")
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--points", default="1,2,4,8,16,32,64")
 ap.add_argument("--trace", action="store_true")
@@ -26,7 +28,7 @@ ap.add_argument("--gamma0", action="store_true", help="add a variant with the dr
 ap.add_argument("--aa", action="store_true", help="add a second plain engine (an A/A check of the method's noise)")
 ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
 args = ap.parse_args()
-pair = load_pair("tiny")
+pair = load_pair(args.target)
 vocab = resolve_draft_vocab(pair, "auto")  # as verispec serve does
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
                                           max_output_tokens=48), pair.tokenizer, 1024, 6)
