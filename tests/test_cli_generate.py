@@ -18,7 +18,7 @@ def run(capsys, *argv):
 def test_generate_json(capsys, byte_pair):
     target, draft = byte_pair
     code, out, _ = run(capsys, "generate", "hello", "--target", str(target), "--draft", str(draft),
-                       "--max-tokens", "12", "--ignore-eos", "--json", "--gamma", "3")
+                       "--max-tokens", "12", "--ignore-eos", "--json", "--gamma", "3", "--gamma-policy", "fixed")
     assert code == 0
     data = json.loads(out)
     assert len(data["tokens"]) == 12 and isinstance(data["text"], str)

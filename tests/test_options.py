@@ -10,14 +10,22 @@ from verispec.errors import VerispecError
 
 
 def test_one_spelling_for_the_adaptive_policy_in_generate_and_serve():
-    """generate takes serve's --adaptive and serve takes generate's --gamma-policy adaptive."""
+    """generate takes serve's --adaptive and serve takes generate's --gamma-policy adaptive; both run chains
+    adaptively unless told --gamma-policy fixed, and trees with their fixed shape."""
     from verispec.cli import build_parser
     from verispec.options import spec_from_args
     from verispec.server.cli import config_from_args
 
     parser = build_parser()
     assert spec_from_args(parser.parse_args(["generate", "x", "--adaptive"])).gamma_policy == "adaptive"
-    assert spec_from_args(parser.parse_args(["generate", "x"])).gamma_policy == "fixed"
+    assert spec_from_args(parser.parse_args(["generate", "x"])).gamma_policy == "adaptive"
+    assert spec_from_args(parser.parse_args(["generate", "x", "--gamma-policy", "fixed"])).gamma_policy == "fixed"
+    assert spec_from_args(parser.parse_args(["generate", "x", "--tree", "s3_k2_d6"])).gamma_policy == "fixed"
+    assert spec_from_args(parser.parse_args(["audit", "--gamma", "3"])).gamma_policy == "fixed"  # audits: --gamma
+    served = parser.parse_args(["serve"])
+    assert config_from_args(served)[0].gamma_policy == "adaptive" and served.adaptive
+    tree = parser.parse_args(["serve", "--tree", "s3_k2_d6"])
+    assert config_from_args(tree)[0].gamma_policy == "fixed" and not tree.adaptive
     served = parser.parse_args(["serve", "--gamma-policy", "adaptive"])
     config_from_args(served)
     assert served.adaptive
@@ -33,15 +41,15 @@ def parse(*argv):
 
 
 @pytest.mark.parametrize("argv, spec", [
-    ((), SpecConfig()),
+    ((), SpecConfig(gamma_policy="adaptive")),  # chains: adaptive unless told --gamma-policy fixed
     (("--no-spec", "--method", "tree"), SpecConfig(method="none")),
     (("--method", "tree", "--gamma", "3"), SpecConfig(method="tree", gamma=3)),
     (("--tree", "s2_k2_d4"), SpecConfig(method="tree", tree="s2_k2_d4")),  # a shape makes the draft model's a tree
     (("--method", "ngram", "--ngram-max", "3", "--ngram-min", "2"),
-     SpecConfig(drafter="ngram", ngram_max=3, ngram_min=2)),
+     SpecConfig(drafter="ngram", ngram_max=3, ngram_min=2, gamma_policy="adaptive")),
     (("--method", "ngram", "--tree", "s3_k2_d6"), SpecConfig(method="tree", tree="s3_k2_d6", drafter="ngram")),
     (("--method", "self", "--exit-layer", "2", "--tree", "s3_k2_d6"),
-     SpecConfig(drafter="early_exit", exit_layer=2)),  # self-speculation drafts chains only: the tree is ignored
+     SpecConfig(drafter="early_exit", exit_layer=2, gamma_policy="adaptive")),  # self-speculation drafts chains only: the tree is ignored
     (("--method", "eagle", "--gamma-policy", "hf"), SpecConfig(drafter="eagle", gamma_policy="hf")),
     (("--method", "tree", "--sibling-mode", "iid"), SpecConfig(method="tree", sibling_mode="iid")),
 ])

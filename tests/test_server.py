@@ -507,7 +507,8 @@ def test_serve_command_errors(capsys, tmp_path, byte_pair):
     assert "--adaptive" in capsys.readouterr().err
     assert main(["serve", "--target", str(target)]) == 2
     assert "--draft" in capsys.readouterr().err
-    assert main(["serve", "--target", str(target), "--draft", str(draft), "--profile", "p.json"]) == 2
+    assert main(["serve", "--target", str(target), "--draft", str(draft), "--gamma-policy", "fixed", "--profile",
+                 "p.json"]) == 2
     assert "add --adaptive" in capsys.readouterr().err
     for grace in ("-1", "nan", "inf"):
         assert main(["serve", "--target", str(target), "--draft", str(draft), "--shutdown-grace", grace]) == 2

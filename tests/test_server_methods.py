@@ -52,12 +52,14 @@ def serve_args(*argv: str) -> argparse.Namespace:
 @pytest.mark.parametrize("argv, expected", [
     (["--tree", "s3_k2_d6"], SpecConfig(method="tree", tree="s3_k2_d6")),
     (["--method", "tree", "--tree", "dynamic:8"], SpecConfig(method="tree", tree="dynamic:8")),
-    (["--method", "self", "--exit-layer", "3", "--gamma", "5"], SpecConfig(gamma=5, drafter="early_exit", exit_layer=3)),
+    (["--method", "self", "--exit-layer", "3", "--gamma", "5"],
+     SpecConfig(gamma=5, drafter="early_exit", exit_layer=3, gamma_policy="adaptive")),  # chains: adaptive
     (["--method", "ngram", "--tree", "s2_k2_d4", "--ngram-max", "3"],
      SpecConfig(method="tree", tree="s2_k2_d4", drafter="ngram", ngram_max=3)),
     (["--method", "eagle", "--tree", "s3_k2_d6", "--sibling-mode", "iid"],
      SpecConfig(method="tree", tree="s3_k2_d6", drafter="eagle", sibling_mode="iid")),
-    (["--method", "chain", "--gamma", "6"], SpecConfig(gamma=6)),
+    (["--method", "chain", "--gamma", "6"], SpecConfig(gamma=6, gamma_policy="adaptive")),
+    (["--method", "chain", "--gamma-policy", "fixed"], SpecConfig()),
     (["--no-spec"], SpecConfig(method="none")),
 ])
 def test_serve_spells_methods_and_shapes_as_generate(argv, expected):

@@ -323,7 +323,7 @@ def add_parser(commands) -> None:
     from verispec.audit_endpoint import add_options as add_endpoint_options
 
     add_endpoint_options(audit)
-    audit.set_defaults(run=run_command)
+    audit.set_defaults(run=run_command, chain_policy="fixed")  # an audit's chains draft --gamma every round
 
 
 def run_command(args) -> int:

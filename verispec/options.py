@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from verispec.config import SamplingParams, SpecConfig
+from verispec.config import COMMAND_CHAIN_POLICY, SamplingParams, SpecConfig
 from verispec.errors import VerispecError
 
 DEFAULTS = SpecConfig()
@@ -34,11 +34,12 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=DEFAULTS.gamma,
                         help=f"chain drafts per round (default {DEFAULTS.gamma}; the maximum with --gamma-policy "
                              "adaptive|hf)")
-    parser.add_argument("--gamma-policy", choices=["fixed", "adaptive", "hf"], default="fixed",
-                        help="fixed: always --gamma; adaptive: speculate or not (0 = off) from measured "
-                             "round times and acceptance, the depth following the request's runs (+2 after a "
-                             "fully accepted round, -1 otherwise, up to --gamma); hf: transformers' +2 if all "
-                             "accepted / -1 otherwise")
+    parser.add_argument("--gamma-policy", choices=["fixed", "adaptive", "hf"], default=None,
+                        help="adaptive: speculate or not (0 = off) from measured round times and acceptance, "
+                             "the depth following the request's runs (+2 after a fully accepted round, -1 "
+                             "otherwise, up to --gamma); fixed: always --gamma; hf: transformers' +2 if all "
+                             f"accepted / -1 otherwise. Default: {COMMAND_CHAIN_POLICY} for chains, fixed for "
+                             "trees (their shape is their size)")
     parser.add_argument("--adaptive", action="store_true", help="the same as --gamma-policy adaptive (serve's spelling)")
     add_shape_options(parser)
     add_draft_options(parser)
@@ -81,6 +82,8 @@ def spec_from_args(args):
         return SpecConfig(method="none")
     shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram", "eagle") and args.tree) else "chain"
     policy = "adaptive" if getattr(args, "adaptive", False) else args.gamma_policy
+    if policy is None:  # chains: the commands' default (audit sets its own); trees: their fixed shape
+        policy = getattr(args, "chain_policy", COMMAND_CHAIN_POLICY) if shape == "chain" else "fixed"
     return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=policy,
                       tree=args.tree or DEFAULTS.tree, sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit", "eagle": "eagle"}.get(args.method, "model"),

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from verispec.config import SpecConfig
+from verispec.config import COMMAND_CHAIN_POLICY, SpecConfig
 from verispec.errors import VerispecError
 from verispec.server.scheduler import ServerConfig
 
@@ -48,19 +48,21 @@ def add_parser(commands) -> None:
     serve.add_argument("--gamma", type=int, default=spec.gamma,
                        help=f"drafts per round; with --adaptive the most tried (default {spec.gamma})")
     serve.add_argument("--adaptive", action="store_true",
-                       help="choose gamma per round from measured round times and acceptance for the load "
+                       help="(the default for chains; --gamma-policy fixed turns it off) "
+                            "choose gamma per round from measured round times and acceptance for the load "
                             "(the largest batch of the last 16 rounds), including 0 (speculation off) when the "
                             "batch is large; the draft catches up on what it missed only where that pays. "
                             "A lone request's depth follows its runs (+2 after a fully accepted round, -1 "
                             "otherwise, up to --gamma)")
     serve.add_argument("--gamma-policy", choices=("fixed", "adaptive"), default=None,
-                       help="generate's spelling: adaptive is --adaptive, fixed (the default) always --gamma")
+                       help="generate's spelling: adaptive is --adaptive (the default for chains), fixed "
+                            "always --gamma (the default for trees)")
     from verispec.options import add_draft_options, add_shape_options
 
     add_shape_options(serve)
     add_draft_options(serve)
     serve.add_argument("--profile", metavar="JSON",
-                       help="with --adaptive: start batch 1 at the gamma a calibrated profile predicts best "
+                       help="with the adaptive policy: start batch 1 at the gamma a calibrated profile predicts best "
                             "(verispec profile --calibrate N --out FILE) instead of climbing from 0; the "
                             "server's own rounds then replace the profile's estimates")
     serve.add_argument("--trace-rounds", metavar="FILE",
@@ -113,10 +115,13 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         raise VerispecError(f"--shutdown-grace must be a finite number of seconds >= 0, got {args.shutdown_grace}")
     if args.gamma_policy == "adaptive":
         args.adaptive = True
-    if args.profile and not args.adaptive:
-        raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
     if args.no_spec:
         args.method = "none"
+    tree = args.method == "tree" or (args.method in ("model", "ngram", "eagle") and bool(args.tree))
+    if args.method != "none" and not tree and args.gamma_policy is None:
+        args.adaptive = args.adaptive or COMMAND_CHAIN_POLICY == "adaptive"  # chains' default
+    if args.profile and not args.adaptive:
+        raise VerispecError("--profile seeds the adaptive policy: add --adaptive")
     if args.method == "none":
         if args.adaptive:
             raise VerispecError("--adaptive chooses how many drafts to verify; it needs speculation "
@@ -125,7 +130,7 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
     else:
         from verispec.options import spec_from_args
 
-        if args.adaptive and (args.method == "tree" or args.tree):
+        if args.adaptive and tree:
             raise VerispecError("--adaptive chooses a chain's length; a tree drafts its shape "
                                 "(drop --adaptive or --tree)")
         args.gamma_policy = "adaptive" if args.adaptive else "fixed"
