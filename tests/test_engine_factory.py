@@ -93,3 +93,23 @@ def test_row_drafter_lends_a_bridged_draft_to_each_row_and_nothing_else():
     assert isinstance(made(), CrossVocabDrafter) and made() is not made()
     with pytest.raises(CheckpointError, match="chains and static trees"):
         build_engine(pair(native_draft(), bridge=object()), SpecConfig(method="tree", tree="dynamic:6"))
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "ngram", "early_exit"])
+def test_the_adaptive_default_keeps_greedy_outputs_for_every_chain_drafter(drafter):
+    """Chains in generate and serve run the adaptive policy by default: from cold it climbs through gamma
+    0, 1, 2, ... (the drafter sits out rounds, then catches up), and the tokens stay plain decoding's."""
+    from verispec.config import SamplingParams, StopRules
+    from verispec.loading import load_pair
+
+    tiny = load_pair("tiny", need_eagle=drafter == "eagle")
+    engine = build_engine(tiny, SpecConfig(gamma=4, gamma_policy="adaptive", drafter=drafter, exit_layer=2))
+    plain = build_engine(tiny, SpecConfig(method="none"))
+    greedy, stop = SamplingParams(temperature=0), StopRules(max_tokens=40, ignore_eos=True)
+    gammas = set()
+    for prompt in (tiny.tokenizer.encode("def add(a, b):\n    return"), tiny.tokenizer.encode("The cat sat")):
+        result = engine.generate(prompt, greedy, SpecConfig(gamma=4, gamma_policy="adaptive", drafter=drafter,
+                                                            exit_layer=2), stop)
+        assert result.tokens == plain.generate(prompt, greedy, SpecConfig(method="none"), stop).tokens
+        gammas |= {record.drafted for record in result.stats.rounds}
+    assert 0 in gammas and len(gammas) >= 2  # it switched between plain rounds and drafting ones
