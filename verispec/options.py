@@ -77,10 +77,16 @@ def add_draft_options(parser: argparse.ArgumentParser) -> None:
                              "2048 for the embedded pair, whose BPE ids are ordered by frequency, else all")
 
 
+def drafts_tree(args) -> bool:
+    """Whether the options ask for a tree: ``--method tree``, or ``--tree SHAPE`` with a drafter that drafts
+    trees (self-speculation drafts chains only: its ``--tree`` is ignored)."""
+    return args.method == "tree" or (args.method in ("model", "ngram", "eagle") and bool(args.tree))
+
+
 def spec_from_args(args):
     if args.no_spec:
         return SpecConfig(method="none")
-    shape = "tree" if args.method == "tree" or (args.method in ("model", "ngram", "eagle") and args.tree) else "chain"
+    shape = "tree" if drafts_tree(args) else "chain"
     policy = "adaptive" if getattr(args, "adaptive", False) else args.gamma_policy
     if policy is None:  # chains: the commands' default (audit sets its own); trees: their fixed shape
         policy = getattr(args, "chain_policy", COMMAND_CHAIN_POLICY) if shape == "chain" else "fixed"

@@ -998,13 +998,9 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
     float *h = (float *)parts[0], *qkv = (float *)parts[1], *att = (float *)parts[2], *o = (float *)parts[3];
     float *gu = (float *)parts[4], *act = (float *)parts[5], *all_scores = (float *)parts[6];
     long *all_slots = (long *)parts[7], *all_cursors = (long *)parts[8];
-    int status = 0;
 
     rms_norm(x, attn_norm, h, M, H, eps);
-    if (run(h, w_qkv, wtypes & 15, qkv, b_qkv, M, H, width, threads)) {
-        status = 1;
-        goto done;
-    }
+    if (run(h, w_qkv, wtypes & 15, qkv, b_qkv, M, H, width, threads)) return 1;
     for (long m = 0; m < M; m++) {
         long b = m / T, t = m % T, slot = lengths[b] + t;
         float *row = qkv + m * width;
@@ -1026,31 +1022,21 @@ int decoder_layer(float *x, long B, long T, long H, long heads, long kv_heads, l
             attend_row(qkv, att, keys, values, job / kv_heads, job % kv_heads, T, heads, kv_heads, D, max_len,
                        lengths, S, mask, scale, scores, slots, cursors);
     }
-    if (run(att, w_o, (wtypes >> 4) & 15, o, b_o, M, heads * D, H, threads)) {
-        status = 1;  /* the cache already holds this pass's keys and values: the caller raises */
-        goto done;
-    }
+    if (run(att, w_o, (wtypes >> 4) & 15, o, b_o, M, heads * D, H, threads))
+        return 1;  /* the cache already holds this pass's keys and values: the caller raises */
     for (long i = 0; i < M * H; i++) x[i] += o[i];
 
     rms_norm(x, mlp_norm, h, M, H, eps);
-    if (run(h, w_gu, (wtypes >> 8) & 15, gu, b_gu, M, H, 2 * I, threads)) {
-        status = 1;
-        goto done;
-    }
+    if (run(h, w_gu, (wtypes >> 8) & 15, gu, b_gu, M, H, 2 * I, threads)) return 1;
     for (long m = 0; m < M; m++)  /* SiLU(gate) * up, 8 lanes (I % 8 == 0: the down projection's K) */
         for (long i = 0; i < I; i += 8) {
             const __m256 gate = _mm256_loadu_ps(gu + m * 2 * I + i), up = _mm256_loadu_ps(gu + m * 2 * I + I + i);
             const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate)));
             _mm256_storeu_ps(act + m * I + i, _mm256_mul_ps(_mm256_div_ps(gate, sig), up));
         }
-    if (run(act, w_down, (wtypes >> 12) & 15, o, b_down, M, I, H, threads)) {
-        status = 1;
-        goto done;
-    }
+    if (run(act, w_down, (wtypes >> 12) & 15, o, b_down, M, I, H, threads)) return 1;
     for (long i = 0; i < M * H; i++) x[i] += o[i];
-
-done:
-    return status;
+    return 0;
 }
 
 /* One decoder layer's weights for ``decoder_layers`` (the arguments ``decoder_layer`` takes per layer). */

@@ -101,6 +101,8 @@ def add_parser(commands) -> None:
 
 
 def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
+    from verispec.options import drafts_tree, spec_from_args
+
     if args.max_batch < 1:
         raise VerispecError(f"--max-batch must be >= 1, got {args.max_batch}")
     if not 0 <= args.port <= 65535:
@@ -117,7 +119,7 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
         args.adaptive = True
     if args.no_spec:
         args.method = "none"
-    tree = args.method == "tree" or (args.method in ("model", "ngram", "eagle") and bool(args.tree))
+    tree = drafts_tree(args)
     if args.method != "none" and not tree and args.gamma_policy is None:
         args.adaptive = args.adaptive or COMMAND_CHAIN_POLICY == "adaptive"  # chains' default
     if args.profile and not args.adaptive:
@@ -128,8 +130,6 @@ def config_from_args(args) -> tuple[SpecConfig, ServerConfig]:
                                 "(drop --method none)")
         spec = SpecConfig(method="none")
     else:
-        from verispec.options import spec_from_args
-
         if args.adaptive and tree:
             raise VerispecError("--adaptive chooses a chain's length; a tree drafts its shape "
                                 "(drop --adaptive or --tree)")
