@@ -4,10 +4,13 @@ and views share storage."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from verispec.cache import KVCache
+from verispec.cache import KVCache, zeros
 from verispec.errors import ContextError
 
 LAYERS, ROWS, SLOTS, HEADS, DIM = 2, 2, 8, 1, 2
@@ -153,3 +156,38 @@ def test_move_row_copies_only_the_committed_slots_and_the_length():
     assert slot_values(kv, 0, 0)[:4] == [101, 102, 103, 4]  # slot 3 was not committed in row 1
     assert slot_values(kv, 1, 0)[:4] == [101, 102, 103, 4]
     assert kv.values[0, 0, 0, :3, 0].tolist() == [101, 102, 103]
+
+
+_LAZY_CACHE = """
+from verispec.cache import KVCache
+
+def rss_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]) / 1024
+
+before = rss_mb()
+cache = KVCache(4, 2, 8192, 4, 64)  # keys and values 2 x 64 MiB
+allocated = rss_mb()
+assert cache.keys.abs().max().item() == 0 and cache.values.abs().max().item() == 0
+cache.keys.fill_(1.0)
+written = rss_mb()
+print(allocated - before, written - before)
+"""
+
+
+def test_a_large_cache_is_zeros_that_take_memory_only_where_written():
+    # a fresh process: the RSS of the suite's own process moves with other tests' allocations
+    done = subprocess.run([sys.executable, "-c", _LAZY_CACHE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    allocated, written = map(float, done.stdout.split())
+    assert allocated < 8  # 128 MiB of zeros, none resident (reading them maps the shared zero page)
+    assert written > 56  # writing the keys makes their 64 MiB resident: the measurement can see growth
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lazy_zeros_are_ordinary_writable_tensors(dtype):
+    small, large = zeros((2, 3), dtype, "cpu"), zeros((64, 64, 64, 2), dtype, "cpu")  # 2 KiB and >= 1 MiB
+    for tensor, shape in ((small, (2, 3)), (large, (64, 64, 64, 2))):
+        assert tensor.dtype == dtype and tuple(tensor.shape) == shape and tensor.is_contiguous()
+        assert not tensor.any()
+        tensor[-1, -1] = 2.5
+        assert tensor[-1, -1].float().min().item() == 2.5 and tensor.float().sum().item() == 2.5 * tensor[-1, -1].numel()

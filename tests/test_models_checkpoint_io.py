@@ -9,7 +9,7 @@ from torch import nn
 
 from verispec.errors import CheckpointError
 from verispec.models.checkpoint_io import (load_all_weights, load_state, read_config_json, read_weights,
-                                           write_checkpoint)
+                                           weights_to_load, write_checkpoint)
 
 
 def test_read_config_json_says_what_is_wrong(tmp_path):
@@ -67,3 +67,20 @@ def test_every_parameter_must_be_loaded_and_every_tensor_used(tmp_path):
     assert torch.equal(model.weight, torch.ones(3, 4))
     with pytest.raises(CheckpointError, match=r"missing \[\], unexpected \['extra'\]"):
         load_all_weights(model, {**model.state_dict(), "extra": torch.zeros(1)}, tmp_path)
+
+
+def test_weights_to_load_skips_random_initialisation_and_restores_it():
+    originals = (nn.init.uniform_, nn.init.kaiming_uniform_, nn.init.normal_)
+    torch.manual_seed(0)
+    with weights_to_load():
+        nn.Linear(4, 4)
+        state_inside = torch.get_rng_state()
+    torch.manual_seed(0)
+    assert torch.equal(state_inside, torch.get_rng_state())  # nothing was drawn: the init functions were skipped
+    with pytest.raises(RuntimeError, match="inside"):
+        with weights_to_load():
+            raise RuntimeError("inside")
+    assert (nn.init.uniform_, nn.init.kaiming_uniform_, nn.init.normal_) == originals  # restored, even on errors
+    torch.manual_seed(0)
+    nn.Linear(4, 4)
+    assert not torch.equal(state_inside, torch.get_rng_state())  # outside, the layer draws its weights again

@@ -42,7 +42,8 @@ from torch import nn
 
 from verispec.errors import CheckpointError, ContextError
 from verispec.kernels import accelerate
-from verispec.models.checkpoint_io import load_all_weights, read_config_json, read_weights, write_checkpoint
+from verispec.models.checkpoint_io import (load_all_weights, read_config_json, read_weights, weights_to_load,
+                                           write_checkpoint)
 from verispec.models.compressed_config import MODEL_TYPE, CompressedConfig
 from verispec.models.compressed_layers import CompressedAttention, CompressedBackbone, CompressedLayer
 from verispec.models.compressed_state import CompressedState, Scratch
@@ -291,7 +292,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     state = read_weights([weights])
     with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
         try:
-            model = CompressedForCausalLM(config)
+            with weights_to_load():
+                model = CompressedForCausalLM(config)
         except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as err:  # sizes torch cannot build
             raise CheckpointError(f"{path / 'config.json'} does not describe a model: {type(err).__name__}: "
                                   f"{(str(err).strip().splitlines() or [''])[0]}") from None

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec.models.checkpoint_io import weights_to_load
 from verispec.models.llama import LlamaForCausalLM, load_checkpoint, save_checkpoint
 
 EAGLE_KEY = "verispec_eagle"
@@ -146,7 +147,8 @@ def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True)
     device = str(target.lm_head.weight.device)
     body = load_checkpoint(path, device=device, kernels=False, shared_embedding=target.model.embed_tokens.weight)
     share_target_tensors(body, target)
-    head = EagleHead(body, int(config.get("verispec_draft_vocab") or target.config.vocab_size))
+    with weights_to_load():  # its fc, read next
+        head = EagleHead(body, int(config.get("verispec_draft_vocab") or target.config.vocab_size))
     head.fc.weight.data = load_file(str(path / FC_FILE))["weight"].float().to(device)
     return for_inference(head, kernels)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from verispec.errors import CheckpointError
+from verispec.models.checkpoint_io import weights_to_load
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -148,7 +149,8 @@ def load_gguf(path: str | Path, device: str = "cpu", kernels: bool = True) -> Ll
 
     config, state, blocks = _converted(Path(path))
     with torch.inference_mode(False):
-        model = LlamaForCausalLM(config)
+        with weights_to_load():
+            model = LlamaForCausalLM(config)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
         if missing or unexpected:

@@ -26,7 +26,8 @@ from verispec import kernels
 from verispec.cache import KVCache
 from verispec.errors import CheckpointError
 from verispec.kernels import accelerate
-from verispec.models.checkpoint_io import load_all_weights, load_state, read_config_json, read_weights, write_checkpoint
+from verispec.models.checkpoint_io import (load_all_weights, load_state, read_config_json, read_weights,
+                                           weights_to_load, write_checkpoint)
 from verispec.models.llama_config import (
     ARCHITECTURES, OPTIONAL_SIZES, REQUIRED_SIZES, LlamaConfig, check_config_values)
 from verispec.models.llama_layers import MLP, Attention, Backbone, DecoderLayer, RMSNorm, attention_mask
@@ -329,7 +330,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
                               "loaded for safety; convert them with transformers' save_pretrained)")
     state = read_weights(files)
     with torch.inference_mode(False):  # ordinary parameters even when the caller is in inference mode
-        model = LlamaForCausalLM(config)
+        with weights_to_load():
+            model = LlamaForCausalLM(config)
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         may_lack = {"lm_head.weight"} if config.tie_word_embeddings else set()
