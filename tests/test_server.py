@@ -658,16 +658,25 @@ def test_startup_objects_are_frozen_out_of_full_collections():
     try:
         freeze_long_lived_objects()
         assert gc.get_freeze_count() > 10_000  # the test process's modules at least
-        began = time.perf_counter()
-        gc.collect()
-        frozen_s = time.perf_counter() - began
+        frozen_s = _fastest_collection_s()
         gc.unfreeze()
-        began = time.perf_counter()
-        gc.collect()
-        unfrozen_s = time.perf_counter() - began
+        unfrozen_s = _fastest_collection_s()
         assert frozen_s < unfrozen_s
     finally:
         gc.unfreeze()
+
+
+def _fastest_collection_s(repeats: int = 3) -> float:
+    """The quickest of ``repeats`` full collections: a thread of another test running during one of them
+    lengthens only that one."""
+    import gc
+
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 def test_api_key_and_body_limit(pair):
