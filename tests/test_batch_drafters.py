@@ -11,6 +11,7 @@ import pytest
 
 from test_batch import GREEDY, alone, models, requests, run_batched  # noqa: F401 (fixture)
 from test_eagle import frozen_head
+from verispec.adaptive import FixedGamma
 from verispec.batch import BatchEngine, BatchRequest
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
@@ -140,3 +141,40 @@ def test_tree_rows_keep_greedy_outputs_in_wide_batches(models, rows):  # noqa: F
     out, _ = run_batched(BatchEngine(target, draft, SPECS["tree"], max_batch=rows), queue)
     for request in queue:
         assert out[request.request_id] == alone(target, None, request, SpecConfig(method="none"))
+
+
+class _Gate(FixedGamma):
+    """A fixed gamma 2 that drafts only on rounds ``allow`` lists, recording each ``afford`` asked."""
+
+    def __init__(self, allow: set[int]):
+        super().__init__(2)
+        self.allow, self.asked = allow, []
+
+    def afford(self, batch_size, gamma, backlog):
+        self.asked.append(backlog)
+        return gamma if len(self.asked) in self.allow else 0
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_rows_own_drafters_ask_the_policy_to_afford_their_backlog(models, head, kind):  # noqa: F811
+    """A lone request's drafter (what ``verispec generate`` runs) tells the policy what it would read
+    before drafting; a declined round drafts nothing, and the backlog grows by what it committed."""
+    target, draft = models
+    policy = _Gate(allow={1, 5})
+    make = (lambda: DraftModelDrafter(draft)) if kind == "model" else (lambda: EagleDrafter(head, 256))
+    engine = BatchEngine(target, None, SpecConfig(gamma=2), max_batch=1, gamma_policy=policy, make_drafter=make)
+    request = BatchRequest("r", [5, 6, 7, 8, 9, 10], GREEDY, StopRules(max_tokens=24, ignore_eos=True))
+    engine.add(request)
+    drafted, unread = [], []
+    while engine.active:
+        row = engine.rows[0]
+        unread.append(row.drafter.unread(row.context))
+        events = engine.step()
+        drafted.append(row.stats.drafted)
+    asked = [backlog.tokens for backlog in policy.asked]
+    assert asked == unread[:len(asked)]
+    assert asked[0] == (6 if kind == "model" else 5)  # the prompt and the prefill's token but the last (EAGLE: pairs)
+    assert [asked[i + 1] - asked[i] for i in (1, 2, 3)] == [1, 1, 1]  # declined: each commits one token unread
+    assert drafted[0] == 2 and drafted[1] == drafted[2] == drafted[3] == 2  # rounds 2-4 declined: no drafts
+    assert drafted[4] > 2  # round 5 allowed: it read its backlog and drafted
+    assert events and events[-1].finished

@@ -34,7 +34,7 @@ def test_check_drafter_names_what_is_missing():
         def commit(self, context): ...
 
     with pytest.raises(VerispecError, match="Half does not implement the Drafter protocol: missing propose_tree, "
-                                            "reset, bind, observe, reads, shares_target_cache"):
+                                            "reset, bind, observe, reads, unread, shares_target_cache"):
         check_drafter(Half())
 
     class Complete(DrafterBase):

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from verispec.adaptive import FixedGamma, GammaPolicy, check_policy, report_draft_reads
+from verispec.adaptive import Backlog, FixedGamma, GammaPolicy, check_policy, report_draft_reads
 from verispec.batch.draft import CATCH_UP_ALONE, BatchedDraft
 from verispec.batch.eagle import BatchedEagle
 from verispec.batch.row_loop import RowLoop
@@ -201,8 +201,8 @@ class BatchEngine:
         # Alone in the batch, a request's own acceptance steers gamma; a batch shares one gamma.
         gamma = self.spec.max_drafts if self.spec.method == "tree" else min(self.spec.gamma, self.gamma_policy.choose(
             len(self.rows), self.rows[0].acceptance if len(self.rows) == 1 else None))  # --gamma caps, as in SpecEngine
-        if gamma and self.draft is not None:  # the draft reads what it missed first: is that worth it?
-            gamma = self.gamma_policy.afford(len(self.rows), gamma, self.draft.backlog(self.rows))
+        if gamma and (self.draft is not None or self.own is not None):  # the drafts read what they missed first:
+            gamma = self.gamma_policy.afford(len(self.rows), gamma, self._backlog())  # is that worth it?
         # Rows with a predicted output draft from it (at any gamma, even with speculation off), not the drafter.
         num_drafts = [0 if sequence.prediction else self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         trees: list[TokenTree | None] = [None] * len(self.rows)
@@ -240,6 +240,13 @@ class BatchEngine:
         self._record(sequences, events, verdicts, positions, [len(d) for d in drafts],
                      (drafted_at - began, verified_at - drafted_at - refresh, now - verified_at + refresh, refresh))
         return [e for e in events if e.tokens or e.finished]
+
+    def _backlog(self) -> Backlog:
+        """What the draft (batched) or the rows' own drafters would read before drafting this round."""
+        if self.draft is not None:
+            return self.draft.backlog(self.rows)
+        drafting = [s for s in self.rows if s.prediction is None]
+        return Backlog(sum(s.drafter.unread(s.context) for s in drafting), sum(s.remaining for s in drafting))
 
     def _drafts_allowed(self, sequence: Row, gamma: int) -> int:
         room = self.max_len - len(sequence.context) - 1

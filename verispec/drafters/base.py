@@ -64,7 +64,9 @@ class Drafter(Protocol):
     request's cache before the prefill), ``wants_features`` (it reads the target's final features of
     every committed token: ``observe`` gets them from the prefill and each verification, in order),
     ``max_context`` (its own context limit, None for the target's). ``propose_tree`` may raise
-    ``VerispecError`` for a drafter that drafts chains only. ``DrafterBase`` gives the defaults."""
+    ``VerispecError`` for a drafter that drafts chains only. ``unread(context)``: committed tokens it
+    would read before drafting for ``context`` beyond the last one (a backlog after rounds at gamma 0;
+    engines price it with the gamma policy's ``afford`` first). ``DrafterBase`` gives the defaults."""
 
     shares_target_cache: bool
     wants_features: bool
@@ -85,6 +87,8 @@ class Drafter(Protocol):
     def observe(self, features: torch.Tensor) -> None: ...
 
     def reads(self) -> DraftReads: ...
+
+    def unread(self, context: list[int]) -> int: ...
 
 
 class DrafterBase:
@@ -109,8 +113,12 @@ class DrafterBase:
     def reads(self) -> DraftReads:
         return DraftReads(self.prompt_s, self.backlog_s, self.read_tokens)
 
+    def unread(self, context: list[int]) -> int:
+        """A drafter with no state of its own (n-gram lookup, the target's early layers) reads nothing."""
+        return 0
 
-PROTOCOL_MEMBERS = ("propose", "propose_tree", "commit", "reset", "bind", "observe", "reads",
+
+PROTOCOL_MEMBERS = ("propose", "propose_tree", "commit", "reset", "bind", "observe", "reads", "unread",
                     "shares_target_cache", "wants_features", "max_context")
 
 

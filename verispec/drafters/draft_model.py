@@ -153,6 +153,12 @@ class DraftModelDrafter(DrafterBase):
         self.read_tokens = len(unseen) if long else 0
         return logits
 
+    def unread(self, context: list[int]) -> int:
+        """The committed tokens ``_catch_up`` would feed beyond the last (its cache keeps a prefix of
+        ``context``, ``commit`` rolls it back to one). A draft with another tokenizer counts in the
+        target's tokens: an estimate of its own."""
+        return max(0, len(context) - len(self.seen) - 1)
+
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         logits = self.model.forward(torch.tensor([tokens]), self.cache, last_only=True, **head_args(self.vocab_limit))[0, -1].cpu()
         self.cache.commit(0, len(tokens))

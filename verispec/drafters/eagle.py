@@ -56,6 +56,11 @@ class EagleDrafter(DrafterBase):
     def commit(self, context: list[int]) -> None:
         """Nothing to roll back: drafted pairs are staged and dropped within ``propose``."""
 
+    def unread(self, context: list[int]) -> int:
+        """Pairs of committed tokens ``_catch_up`` would feed beyond the last one (a round leaves its
+        accepted tokens' and the bonus token's)."""
+        return max(0, len(context) - 2 - self.paired)
+
     # ---- the head's steps ----------------------------------------------------------------------------
 
     def _step(self, features: torch.Tensor, tokens: list[int], tree_mask: torch.Tensor | None = None,
