@@ -286,3 +286,36 @@ def test_status_names_the_instruction_set_paths():
     assert text.startswith(f"available ({loop}: fp32, bf16, int8, Q4_1, Q8_0")
     assert ("; amx-bf16" in text) == kernels.amx()
     assert text.endswith(f"; AMX off: {kernels._amx_reason})") != kernels.amx()
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["packed", "int8"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_first_rows_share_the_packed_weights_and_give_the_same_products(bf16, int8):
+    """A vocabulary-limited LM head: the layer's first rows as views of its packed (and int8) rows,
+    computing what the whole layer computes for those outputs, bit for bit."""
+    layer = nn.Linear(64, 48, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(_weights(48, 64, bf16))
+    kernels.accelerate(layer)
+    if int8:
+        kernels.quantize(layer)
+    rows = kernels.first_rows(layer, 32)
+    assert rows is not None and rows.out_features == 32 and rows.packed.data_ptr() == layer.packed.data_ptr()
+    assert (rows.quantized is None) == (layer.quantized is None)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        for count in (1, 3):
+            assert torch.equal(rows(x[:count]), layer(x[:count])[:, :32])
+    with torch.no_grad():
+        layer.weight.mul_(2)  # stale packing: nothing to share
+    assert kernels.first_rows(layer, 32) is None
+    biased = nn.Linear(64, 48)
+    kernels.accelerate(biased)
+    assert kernels.first_rows(biased, 32) is None
+
+
+def test_first_rows_respect_tiles_of_sixteen_rows():
+    layer = nn.Linear(64, 48, bias=False)
+    kernels.accelerate(layer)
+    layer.packed = torch.zeros(48, 64, dtype=torch.int16)  # what AMX tiles look like: 16-row blocks
+    assert kernels.first_rows(layer, 24) is None and kernels.first_rows(layer, 32) is not None

@@ -10,6 +10,7 @@ import transformers
 
 from verispec.errors import CheckpointError
 from verispec.models.llama import load_checkpoint
+from verispec.models.rope import rotary_tables
 from verispec.testing import make_checkpoint
 
 TOL = 2e-5
@@ -171,3 +172,14 @@ def test_vocab_limit_scores_the_first_ids_and_masks_the_rest(checkpoints):
     assert "_limited_heads" not in dict(model.named_modules()) and len(model.state_dict()) == len(
         load_checkpoint(checkpoints["llama"]).state_dict())  # the slice is no new parameter
 
+
+
+def test_rotary_tables_grow_by_doubling_with_the_same_rows(checkpoints):
+    model = load_checkpoint(checkpoints["llama"])
+    limit = model.config.max_position_embeddings
+    cos, sin = model._rotary_tables(5, torch.device("cpu"))
+    assert cos.shape[0] == min(1024, limit) and model._rotary_tables(5, torch.device("cpu"))[0] is cos  # built once
+    full_cos, full_sin = rotary_tables(model.rope_frequencies, model.attention_factor, limit, cos.dtype, "cpu")
+    grown_cos, grown_sin = model._rotary_tables(limit, torch.device("cpu"))
+    assert grown_cos.shape[0] == limit and torch.equal(grown_cos, full_cos) and torch.equal(grown_sin, full_sin)
+    assert torch.equal(cos, full_cos[:cos.shape[0]]) and torch.equal(sin, full_sin[:sin.shape[0]])

@@ -261,7 +261,7 @@ from verispec.kernels.build import (  # noqa: E402, F401  (re-exported; reads an
 from verispec.kernels.packing import (  # noqa: E402, F401  (re-exported)
     _int8_tiles, _pack_blocks, _pack_weight, _tiles, quantize_int8)
 from verispec.kernels.layers import (  # noqa: E402, F401  (re-exported)
-    GROUPS, Group, SmallRowsLinear, accelerate, joined_projection, projections, quantize)
+    GROUPS, Group, SmallRowsLinear, accelerate, first_rows, joined_projection, projections, quantize)
 from verispec.kernels.fused import (  # noqa: E402, F401  (re-exported; the fused passes use the definitions above)
     LayerPlan, LayerWeights, PassArgs, decoder_layer, decoder_layers, fused_applies, head_weight, model_pass,
     pass_fits)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels as _k
-from verispec.kernels.formats import GGUF_DTYPES
+from verispec.kernels.formats import FORMATS, GGUF_DTYPES
 
 
 class SmallRowsLinear(nn.Linear):
@@ -100,6 +100,24 @@ def joined_projection(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
         weight = _k.weight_for_rows(group.packed, group.quantized, x.numel() // layers[0].in_features)
         return _k.linear(x, weight, group.bias)
     return torch.cat([layer(x) for layer in layers], dim=-1)
+
+
+def first_rows(layer: SmallRowsLinear, size: int) -> SmallRowsLinear | None:
+    """A layer of ``layer``'s first ``size`` output rows sharing its packed (and int8) weights: views,
+    nothing packed or checked again (the GGUF rows' check at load covered these rows). None where a
+    layout's row blocks do not end at ``size`` (AMX tiles of 16 rows), the layer has a bias or its packing
+    is stale; the caller then packs a new layer itself."""
+    packed, quantized = layer.packed, layer.quantized
+    multiples = [FORMATS[packed.dtype].rows_multiple] + ([] if quantized is None else
+                                                             [FORMATS[quantized.dtype].rows_multiple])
+    if layer.bias is not None or layer.weight._version != layer.packed_version or any(size % m for m in multiples):
+        return None
+    rows = nn.Linear(layer.in_features, size, bias=False, device="meta")
+    rows.weight = nn.Parameter(layer.weight.detach()[:size], requires_grad=False)
+    rows.__class__ = SmallRowsLinear
+    rows.packed, rows.packed_version = packed[:size], rows.weight._version
+    rows.quantized = None if quantized is None else quantized[:size]
+    return rows
 
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read through projections()

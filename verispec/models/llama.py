@@ -249,6 +249,11 @@ class LlamaForCausalLM(nn.Module):
         heads = self.__dict__.setdefault("_limited_heads", {})
         head = heads.get(size)
         if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr():
+            if isinstance(self.lm_head, kernels.SmallRowsLinear):
+                head = kernels.first_rows(self.lm_head, size)  # views of its packed rows: packed, checked
+                if head is not None:  # at load (packing SmolLM2's 8192 rows again cost a cold process 40-250 ms)
+                    heads[size] = head
+                    return head
             # On the meta device: no random initialisation of a weight replaced at once (~0.2 s of a cold
             # request's first draft round for SmolLM2's 8192-row draft head).
             head = nn.Linear(self.config.hidden_size, size, bias=False, device="meta")
@@ -264,9 +269,10 @@ class LlamaForCausalLM(nn.Module):
         return head
 
     def _rotary_tables(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin tables covering positions 0..needed-1 (grown on demand)."""
+        """cos and sin tables covering positions 0..needed-1, grown on demand by doubling from 1,024
+        positions (the whole context at once, 8,192 for SmolLM2, cost ~9 ms at a process's first pass)."""
         if self._tables is None or self._tables[0].shape[0] < needed or self._tables[0].device != device:
-            size = max(needed, self.config.max_position_embeddings)
+            size = max(needed, min(self.config.max_position_embeddings, 1 << max(10, (needed - 1).bit_length())))
             self._tables = rotary_tables(self.rope_frequencies, self.attention_factor, size,
                                          self.lm_head.weight.dtype, device)
         return self._tables
