@@ -20,7 +20,7 @@ GammaPolicy = Literal["fixed", "adaptive", "hf"]
 GAMMA_POLICIES: tuple[str, ...] = ("fixed", "adaptive", "hf")
 # What ``generate`` and ``serve`` run a chain with unless told otherwise. Where speculation does not pay
 # (SmolLM2 on the Zen 4 EPYC) adaptive ran at 0.97-1.00x of plain decoding once it had measured a few
-# requests, served c1-c16 at 0.98-1.00x, and a lone cold 64-token request at 0.87x, where fixed gamma 4 ran
+# requests, served c1-c16 at 0.98-1.00x, and a lone cold 64-token request at 0.94x, where fixed gamma 4 ran
 # at 0.49x; where it pays (the tiny pair) it beat the best fixed gamma, 1.54x against 1.51x. ``SpecConfig`` itself stays "fixed": a library caller gets what
 # it asks for. Trees always run their fixed shape; ``audit`` and ``bench`` name their policies.
 COMMAND_CHAIN_POLICY: str = "adaptive"
