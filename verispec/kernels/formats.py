@@ -73,7 +73,10 @@ def dequantize_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor:
         return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(raw.shape[0], -1)
     m = blocks[..., 2:4].contiguous().view(torch.float16).float()
     qs = blocks[..., 4:]
-    return (d * torch.cat([qs & 15, qs >> 4], dim=-1).float() + m).reshape(raw.shape[0], -1)
+    values = torch.empty(*qs.shape[:-1], 32)  # low nibbles then high ones, written in place: no uint8 copies
+    torch.bitwise_and(qs, 15, out=values[..., :16])
+    torch.bitwise_right_shift(qs, 4, out=values[..., 16:])
+    return values.mul_(d).add_(m).reshape(raw.shape[0], -1)
 
 
 def _random_blocks(kind: str, out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
