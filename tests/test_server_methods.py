@@ -110,6 +110,9 @@ class RepeatLast:
 
         return DraftReads()
 
+    def unread(self, context):
+        return 0  # no state of its own: nothing to read before drafting
+
 
 def test_a_drafter_of_your_own_is_served(pair):  # noqa: F811
     """A new drafter needs no change to the server: ``create_app(make_drafter=...)`` lends one to each
