@@ -27,23 +27,21 @@ import torch
 
 from verispec.errors import ContextError
 
+LAZY_BYTES = 1 << 20  # smaller caches: torch.zeros
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A zero tensor whose CPU pages are touched only when written: an anonymous mapping is zero pages
     the kernel supplies on first write, where ``torch.zeros`` writes every byte up front. A cache sized
     for the model's whole context (SmolLM2: 8,192 positions, ~377 MB a row) then costs memory and time
-    only for the positions a request reaches (``torch.zeros`` spent 1.8 s on one at ``verispec
-    generate``'s start). Small pages: a huge page would zero 2 MB at a (layer, head)'s first token."""
+    only for the positions a request reaches. Small pages: a huge page would zero 2 MB at a (layer,
+    head)'s first token."""
     size = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or size < LAZY_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
     with warnings.catch_warnings():  # torch warns that the buffer is not read-only: it is ours alone
         warnings.simplefilter("ignore")
         return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
-
-
-LAZY_BYTES = 1 << 20  # smaller caches: torch.zeros
 
 
 class KVCache:

@@ -250,8 +250,8 @@ class LlamaForCausalLM(nn.Module):
         head = heads.get(size)
         if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr():
             if isinstance(self.lm_head, kernels.SmallRowsLinear):
-                head = kernels.first_rows(self.lm_head, size)  # views of its packed rows: packed, checked
-                if head is not None:  # at load (packing SmolLM2's 8192 rows again cost a cold process 40-250 ms)
+                head = kernels.first_rows(self.lm_head, size)  # views of its packed rows, checked at load
+                if head is not None:
                     heads[size] = head
                     return head
             # On the meta device: no random initialisation of a weight replaced at once (~0.2 s of a cold
