@@ -262,3 +262,24 @@ def test_train_eagle_end_to_end_on_the_tiny_target(tmp_path, embedded):
     result = SpecEngine(target, EagleDrafter(head, target.config.max_context)).generate(
         ids, greedy, SpecConfig(gamma=3, drafter="eagle"), stop)
     assert result.tokens == expected
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_extracted_features_are_the_targets_at_either_precision(tmp_path, embedded, precision):
+    """Each cached shard holds the target's normed final features of its windows: fp32 ones rounded to
+    bf16, or under ``--precision bf16`` the target's run under bfloat16 autocast (within a few bf16 ulps)."""
+    from dataclasses import replace
+
+    from verispec.train.eagle import extract_features, target_features
+    from verispec.train.gguf_draft import load_teacher
+
+    teacher = load_teacher("tiny")
+    recipe = EagleRecipe(draft_vocab=2048, extract_batch=2)
+    recipe = replace(recipe, optim=replace(recipe.optim, seq_len=32, precision=precision))
+    summary = extract_features(teacher.model, teacher.encode, teacher.eos_id, teacher.render, recipe, 0.002, tmp_path)
+    shard = torch.load(tmp_path / "features-00000.pt")
+    assert summary["new_tokens"] == shard["tokens"].numel() > 0
+    exact = target_features(teacher.model, shard["tokens"].long())
+    error = (shard["features"].float() - exact).norm() / exact.norm()
+    assert error < (2.5e-3 if precision == "fp32" else 1.5e-2)  # bf16 rounding alone: ~1.7e-3; autocast: ~4e-3
+    assert shard["features"].dtype == torch.bfloat16

@@ -129,6 +129,18 @@ def test_precision_auto_follows_the_cpu_flags_and_target_flags_reach_the_recipe(
     assert auto == ("bf16" if cpu_has_bf16_matrix_units() else "fp32")
 
 
+def test_eagle_flags_reach_its_recipe():
+    from verispec.train.train import _eagle_recipe, _parser, cpu_has_bf16_matrix_units
+
+    args = _parser().parse_args(["eagle", "--minutes", "1", "--seed", "7", "--lr", "3e-4", "--precision", "bf16",
+                                 "--draft-vocab", "4096", "--unroll", "3"])
+    recipe = _eagle_recipe(args)
+    assert (recipe.optim.seed, recipe.optim.lr, recipe.optim.precision) == (7, 3e-4, "bf16")
+    assert (recipe.draft_vocab, recipe.unroll) == (4096, 3)
+    tiny = _eagle_recipe(_parser().parse_args(["eagle", "--target", "tiny", "--minutes", "1"]))
+    assert tiny.draft_vocab == 2048 and tiny.optim.precision == ("bf16" if cpu_has_bf16_matrix_units() else "fp32")
+
+
 def test_target_init_that_is_missing_or_does_not_fit_is_one_clear_error(tmp_path):
     import logging
 

@@ -67,7 +67,9 @@ def extract_features(target, encode, eos_id: int, render_chat, recipe: EagleReci
                      cache_dir: str | Path, max_gb: float = 10.0) -> dict:
     """Append shards (``features-NNNNN.pt``: ``tokens`` (W, T+1) int32, ``features`` (W, T+1, H) bf16) to
     ``cache_dir`` for ``minutes`` of wall time or until ``max_gb`` are stored; resumes after the shards
-    already there (a new seed per shard index, so no window repeats)."""
+    already there (a new seed per shard index, so no window repeats). With ``recipe.optim.precision``
+    "bf16" the target runs under bfloat16 autocast (about twice as fast where the CPU has bf16 dot
+    products; the features are stored in bf16 either way)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     existing = sorted(cache_dir.glob("features-*.pt"))
@@ -84,7 +86,8 @@ def extract_features(target, encode, eos_id: int, render_chat, recipe: EagleReci
         while sum(len(rows) for rows in token_rows) < SHARD_WINDOWS and time.monotonic() - start < minutes * 60:
             windows = next(batches)
             token_rows.append(windows.to(torch.int32))
-            feature_rows.append(target_features(target, windows).to(torch.bfloat16))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.optim.precision == "bf16"):
+                feature_rows.append(target_features(target, windows).to(torch.bfloat16))
             tokens_done += windows.numel()
             progress.update(windows.numel())
         if not token_rows:

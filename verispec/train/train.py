@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     eagle.add_argument("--unroll", type=int, default=None,
                        help="draft steps trained per position (training-time test; default 2)")
     eagle.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    eagle.add_argument("--seed", type=int, default=None, help="order of the cached windows in training (default: "
+                                                             "the recipe's)")
 
     compressed = commands.add_parser("compressed", help="train a compressed-attention target (not shipped)")
     compressed.add_argument("--minutes", type=float, required=True, help="wall-clock training budget")
@@ -121,13 +123,14 @@ def _parser() -> argparse.ArgumentParser:
 
     for command in (tokenizer, target, draft, compressed, eagle):
         command.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
+    for command in (target, draft, eagle):
+        command.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                             help="bf16: forward/backward (and the eagle head's feature extraction) under "
+                                  "bfloat16 autocast, float32 weights and optimizer state; auto (default): bf16 "
+                                  "where the CPU has bf16 matrix units (AMX-BF16 or AVX512-BF16), else fp32")
     for command in (target, draft):
         command.add_argument("--mix", default=None, metavar="code=W,chat=W,math=W",
                              help="share of training windows per workload (normalised; default: the recipe's)")
-        command.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                             help="bf16: forward/backward under bfloat16 autocast, float32 weights and optimizer "
-                                  "state; auto (default): bf16 where the CPU has bf16 matrix units "
-                                  "(AMX-BF16 or AVX512-BF16), else fp32")
     return parser
 
 
@@ -186,6 +189,18 @@ def _target_recipe(args: argparse.Namespace) -> TargetRecipe:
         changes["mix"] = _parse_mix(args.mix, recipe.mix, "target")
     if args.no_layerskip:
         changes["layerskip"] = LayerSkipConfig(max_dropout=0.0, exits_per_micro_batch=0)
+    return replace(recipe, **changes)
+
+
+def _eagle_recipe(args: argparse.Namespace):
+    from verispec.train.eagle import EagleRecipe
+
+    recipe = EagleRecipe(draft_vocab=2048 if args.target == "tiny" else 8192)
+    changes = {"optim": _optim_changes(args, recipe.optim)}
+    if args.draft_vocab is not None:
+        changes["draft_vocab"] = args.draft_vocab
+    if args.unroll is not None:
+        changes["unroll"] = args.unroll
     return replace(recipe, **changes)
 
 
@@ -330,22 +345,16 @@ def _run(args: argparse.Namespace) -> int:
                              _draft_recipe, train_draft, args.minutes, args.target, args.out, args.run_dir, args.init)
     elif args.command == "eagle":
         from verispec.loading import DATA_DIR
-        from verispec.train.eagle import EagleRecipe, train_eagle
+        from verispec.train.eagle import train_eagle
 
         name = Path(args.target).name if not _is_gguf_target(args.target) else Path(args.target).stem
         run_dir = args.run_dir or f"runs/{name}-eagle"
         _log_to(run_dir)
-        recipe = EagleRecipe(draft_vocab=2048 if args.target == "tiny" else 8192)
-        changes = {"optim": replace(recipe.optim, **({"lr": args.lr} if args.lr is not None else {}))}
-        if args.draft_vocab is not None:
-            changes["draft_vocab"] = args.draft_vocab
-        if args.unroll is not None:
-            changes["unroll"] = args.unroll
         if args.extract_minutes < 0:
             logger.error("--extract-minutes must be >= 0")
             return 2
         default_out = DATA_DIR / f"{args.target}-eagle" if args.target in ("smollm2", "tiny") else Path(run_dir) / "head"
-        train_eagle(replace(recipe, **changes), args.minutes, args.extract_minutes, args.target,
+        train_eagle(_eagle_recipe(args), args.minutes, args.extract_minutes, args.target,
                     args.out or default_out, run_dir, args.init)
     elif args.command == "compressed":
         from verispec.train.compressed import train_compressed
