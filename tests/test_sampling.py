@@ -127,6 +127,39 @@ def test_top_p_keeps_tokens_tied_with_a_kept_token():
     assert (probs > 0).tolist() == [True, True, True, False]
 
 
+def _top_p_cases():
+    """Distributions (R, V) for the fast top-p filter: peaked and flat over SmolLM2's and smaller
+    vocabularies, ties, zeroed halves, and a uniform one whose nucleus passes every candidate width."""
+    generator = torch.Generator().manual_seed(11)
+    for trial in range(60):
+        width = (49152, 8192, 300, 5000, 4)[trial % 5]
+        scale = float(torch.rand((), generator=generator)) * 12
+        logits = torch.randn(1 + trial % 3, width, generator=generator) * scale
+        if trial % 4 == 1:  # a few levels only: many ties, some at the boundary
+            logits = torch.randint(0, 4, logits.shape, generator=generator).float() * scale
+        probs = torch.softmax(logits, -1)
+        if trial % 6 == 2:  # a zeroed half, renormalised
+            probs[..., :width // 2] = 0
+            probs = probs / probs.sum(-1, keepdim=True)
+        yield probs
+    yield torch.full((2, 49152), 1 / 49152)
+    yield torch.softmax(torch.randn(2, 3, 8192, generator=generator), -1).transpose(0, 1)  # 3-D, strided
+
+
+def test_top_p_filter_is_its_sorted_reference_bit_for_bit():
+    """The filter ranks only the nucleus's candidates (or the values alone): it must keep exactly the
+    tokens the sort-everything definition keeps, with the same values, at every top_p."""
+    from verispec.sampling import TOP_P_WIDTHS, _top_p, top_p_reference
+
+    widest = 0
+    for probs in _top_p_cases():
+        for top_p in (0.1, 0.5, 0.9, 0.95, 0.99, 0.999999, float(probs.reshape(-1, probs.shape[-1])[0].max())):
+            fast, reference = _top_p(probs, top_p), top_p_reference(probs, top_p)
+            assert torch.equal(fast, reference), (probs.shape, top_p)
+            widest = max(widest, int((reference > 0).sum(-1).max()))
+    assert widest > TOP_P_WIDTHS[-1]  # the cases reach the path that ranks every value
+
+
 def test_min_p_drops_tokens_below_a_fraction_of_the_top():
     probs = [0.5, 0.3, 0.15, 0.05]
     assert probs_after(probs, min_p=0.5) == pytest.approx([0.625, 0.375, 0, 0])  # threshold 0.25

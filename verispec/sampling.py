@@ -14,6 +14,7 @@ same transformed p, which is all losslessness needs.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from verispec.config import SamplingParams
@@ -47,9 +48,45 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
+TOP_P_WIDTHS = (256, 4096)  # candidates the top-p filter ranks first, then (the nucleus may go on) next
+TOP_P_MARGIN = 1e-5  # mass past top_p (far above float32 rounding of sums <= ~1) that no later token undoes
+
+
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    # Keep the smallest high-probability set whose mass reaches top_p: a token stays if the mass
-    # strictly above it (plus ties before it) is still short of top_p.
+    """``top_p_reference``'s result without its sort of the whole vocabulary with indices (5.5 ms for
+    SmolLM2's 49,152 ids on one Zen 4 core: more than half a decode step).
+
+    The filter needs only the values in descending order, as far as the nucleus reaches. First the
+    largest ``TOP_P_WIDTHS`` candidates (``topk``: ~0.1 ms for 256): once the mass before the last
+    candidate exceeds top_p by ``TOP_P_MARGIN``, no later token can be kept (the running sums only grow,
+    up to rounding far below the margin) and the cutoff is final. A wider nucleus ranks every value
+    (numpy's sort of the values alone, ~2x faster than torch's). The running sums are the reference's:
+    CPU cumsum accumulates one element at a time, so a prefix sums as it does in the whole."""
+    width = probs.shape[-1]
+    if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.requires_grad:
+        return top_p_reference(probs, top_p)
+    for k in TOP_P_WIDTHS:
+        if k >= width:
+            break
+        ranked = probs.topk(k, dim=-1).values
+        mass_before = ranked.cumsum(-1) - ranked
+        if bool((mass_before[..., -1] >= top_p + TOP_P_MARGIN).all()):
+            return _cut_below(probs, ranked, mass_before, top_p)
+    if not bool(torch.isfinite(probs).all()):  # numpy and torch order NaN differently
+        return top_p_reference(probs, top_p)
+    ranked = torch.from_numpy(np.ascontiguousarray(np.sort(probs.numpy(), axis=-1)[..., ::-1]))
+    return _cut_below(probs, ranked, ranked.cumsum(-1) - ranked, top_p)
+
+
+def _cut_below(probs: torch.Tensor, ranked: torch.Tensor, mass_before: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs with every token below the smallest kept ranked value zeroed (ties with it kept)."""
+    cutoff = torch.where(mass_before < top_p, ranked, torch.full_like(ranked, float("inf"))).amin(-1, keepdim=True)
+    return probs * (probs >= cutoff)
+
+
+def top_p_reference(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p filter by definition: keep the smallest high-probability set whose mass reaches top_p,
+    i.e. a token stays if the mass strictly above it (plus ties before it) is still short of top_p."""
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     keep_sorted = mass_before < top_p
@@ -79,9 +116,13 @@ def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cdf = probs.double().cumsum(-1)  # (B, V)
     target = uniforms.double().to(cdf.device)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, target, right=True)[:, 0]
-    # u * total can round up to total; fall back to the last token that has mass.
-    last_with_mass = (probs > 0).long().cumsum(-1).argmax(-1)
-    return torch.minimum(tokens, last_with_mass)
+    # A token found before the end has mass (its cdf rose past u * total). u * total can round up to
+    # the total, finding none: fall back to the last token that has mass.
+    past_end = tokens >= probs.shape[-1]
+    if bool(past_end.any()):
+        last_with_mass = (probs > 0).long().cumsum(-1).argmax(-1)
+        tokens = torch.where(past_end, last_with_mass.to(tokens.device), tokens)
+    return tokens
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
