@@ -53,15 +53,14 @@ TOP_P_MARGIN = 1e-5  # mass past top_p (far above float32 rounding of sums <= ~1
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``top_p_reference``'s result without its sort of the whole vocabulary with indices (5.5 ms for
-    SmolLM2's 49,152 ids on one Zen 4 core: more than half a decode step).
+    """``top_p_reference``'s result without its sort of the whole vocabulary with indices.
 
     The filter needs only the values in descending order, as far as the nucleus reaches. First the
-    largest ``TOP_P_WIDTHS`` candidates (``topk``: ~0.1 ms for 256): once the mass before the last
-    candidate exceeds top_p by ``TOP_P_MARGIN``, no later token can be kept (the running sums only grow,
-    up to rounding far below the margin) and the cutoff is final. A wider nucleus ranks every value
-    (numpy's sort of the values alone, ~2x faster than torch's). The running sums are the reference's:
-    CPU cumsum accumulates one element at a time, so a prefix sums as it does in the whole."""
+    largest ``TOP_P_WIDTHS`` candidates (``topk``): once the mass before the last candidate exceeds top_p
+    by ``TOP_P_MARGIN``, no later token can be kept (the running sums only grow, up to rounding far below
+    the margin) and the cutoff is final. A wider nucleus ranks every value (numpy's sort of the values
+    alone). The running sums are the reference's: CPU cumsum accumulates one element at a time, so a
+    prefix sums as it does in the whole."""
     width = probs.shape[-1]
     if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.requires_grad:
         return top_p_reference(probs, top_p)
@@ -121,7 +120,7 @@ def sample_batch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     past_end = tokens >= probs.shape[-1]
     if bool(past_end.any()):
         last_with_mass = (probs > 0).long().cumsum(-1).argmax(-1)
-        tokens = torch.where(past_end, last_with_mass.to(tokens.device), tokens)
+        tokens = torch.where(past_end, last_with_mass, tokens)
     return tokens
 
 

@@ -68,8 +68,7 @@ def extract_features(target, encode, eos_id: int, render_chat, recipe: EagleReci
     """Append shards (``features-NNNNN.pt``: ``tokens`` (W, T+1) int32, ``features`` (W, T+1, H) bf16) to
     ``cache_dir`` for ``minutes`` of wall time or until ``max_gb`` are stored; resumes after the shards
     already there (a new seed per shard index, so no window repeats). With ``recipe.optim.precision``
-    "bf16" the target runs under bfloat16 autocast (about twice as fast where the CPU has bf16 dot
-    products; the features are stored in bf16 either way)."""
+    "bf16" the target runs under bfloat16 autocast (the features are stored in bf16 either way)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     existing = sorted(cache_dir.glob("features-*.pt"))
