@@ -4,17 +4,19 @@ dequantization (hand-built blocks), and the int8 rows' layout. Pure tensor code:
 import pytest
 import torch
 
-from verispec.kernels.formats import (BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, _int8_rows, _int8_values,
-                                      _random_blocks, block_bytes, dequantize_blocks, dequantize_pairs,
-                                      packed_inputs, pair_blocks)
+from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, _int8_rows,
+                                      _int8_values, _random_blocks, block_bytes, dequantize_amx_blocks,
+                                      dequantize_blocks, dequantize_pairs, packed_inputs, pair_blocks)
 
 
 def test_formats_are_told_apart_by_dtype():
     assert [form.name for form in FORMATS.values()] == ["fp32", "bf16", "amx-bf16", "int8", "amx-int8", "Q4_1", "Q8_0",
-                                                        "Q4_1 pairs"]
-    assert sorted(form.wtype for form in FORMATS.values()) == list(range(8))  # the C source's weight types
+                                                        "Q4_1 pairs", "amx-Q4_1", "amx-Q8_0"]
+    assert sorted(form.wtype for form in FORMATS.values()) == list(range(10))  # the C source's weight types
     assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}  # a GGUF file's rows as stored
-    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS) and FORMATS[PAIRS].name == "Q4_1 pairs"
+    assert AMX_BLOCKS == {"Q4_1": torch.uint64, "Q8_0": torch.uint32}  # the same rows tiled for AMX
+    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS, torch.uint64, torch.uint32)
+    assert FORMATS[PAIRS].name == "Q4_1 pairs"
     assert block_bytes("Q4_1") == 20 and block_bytes("Q8_0") == 34  # fp16 d (and m), then 16 or 32 bytes
 
 
@@ -23,6 +25,7 @@ def test_formats_are_told_apart_by_dtype():
     (torch.int8, 68), (torch.uint8, 68),  # an fp32 scale's 4 bytes, then the values
     (torch.int32, 10), (torch.uint16, 34),  # two GGUF blocks of 32 weights: 2 * 20 bytes, 2 * 34 bytes
     (torch.int64, 6),  # one Q4_1 pair: 48 bytes
+    (torch.uint64, 6), (torch.uint32, 18),  # two blocks tiled for AMX: 2 * 24 bytes, 2 * 36 bytes
 ])
 def test_packed_inputs_of_each_format(dtype, columns):
     assert packed_inputs(torch.zeros(16, columns, dtype=dtype)) == 64
@@ -41,6 +44,8 @@ def test_packed_inputs_refuses_what_no_format_can_be():
         packed_inputs(torch.zeros(4, 33, dtype=torch.uint16))  # not whole blocks
     with pytest.raises(ValueError, match="int8 weight"):
         packed_inputs(torch.zeros(4, 4, dtype=torch.int8))  # a scale and no values
+    with pytest.raises(ValueError, match="amx-Q4_1 weight"):
+        packed_inputs(torch.zeros(8, 3, dtype=torch.uint64))  # tiles of 16 rows
 
 
 def _half_bytes(value: float) -> torch.Tensor:
@@ -107,3 +112,40 @@ def test_int8_rows_hold_their_scale_then_values():
     values, scale = _int8_values(spread)
     assert values.abs().max() == 127
     assert ((values.float() * scale - spread).abs() <= scale / 2 + 1e-7).all()  # rounded to the nearest step
+
+
+def _amx_record(values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """One AMX record by the layout's definition (small_m_linear.c, "AMX for GGUF blocks"): 16 outputs' d
+    (and m) as fp32, then the 512 values of 16 x 32 inputs, word i of tile row kk being output i // 2 and
+    input 2 kk + i % 2; Q4_1 packs tile rows 2t and 2t + 1 as the low and high nibbles of bytes 32t + i."""
+    words = torch.empty(16, 32, dtype=torch.int64)
+    for kk in range(16):
+        for i in range(32):
+            words[kk, i] = values[i // 2, 2 * kk + i % 2]
+    if m is None:
+        body = words.to(torch.int8).view(torch.uint8).reshape(-1)
+        return torch.cat([d.float().view(torch.uint8), body])
+    body = (words[0::2] | (words[1::2] << 4)).to(torch.uint8).reshape(-1)
+    return torch.cat([d.float().view(torch.uint8), m.float().view(torch.uint8), body])
+
+
+def test_amx_tiles_dequantize_as_their_layout_says():
+    """A hand-built record of each format: its values come back as d * q + m (Q4_1) or d * q (Q8_0), at
+    the output and input the layout assigns, the 16 outputs' records one block after another."""
+    generator = torch.Generator().manual_seed(5)
+    d = torch.rand(16, generator=generator).half() + 0.5
+    m = -torch.rand(16, generator=generator).half()
+    nibbles = torch.randint(0, 16, (16, 32), generator=generator)
+    record = _amx_record(nibbles, d, m)
+    assert record.numel() == 384 and 384 == 16 * 24  # 24 bytes per block of 32 weights
+    packed = record.view(torch.uint64).reshape(16, 3)
+    expected = d.float()[:, None] * nibbles.float() + m.float()[:, None]
+    assert torch.equal(dequantize_amx_blocks(packed), expected)
+    q8 = torch.randint(-128, 128, (16, 32), generator=generator)
+    record = _amx_record(q8, d, None)
+    assert record.numel() == 576 and 576 == 16 * 36
+    assert torch.equal(dequantize_amx_blocks(record.view(torch.uint32).reshape(16, 9)), d.float()[:, None] * q8.float())
+    q8 = q8.clamp(-127)  # so that -q8 is an int8 too
+    two = torch.cat([_amx_record(q8, d, None), _amx_record(-q8, d, None)])  # chunks c = 0, 1 of block 0
+    values = dequantize_amx_blocks(two.view(torch.uint32).reshape(16, 18))
+    assert torch.equal(values[:, 32:], -values[:, :32])

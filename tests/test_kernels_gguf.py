@@ -21,9 +21,13 @@ pytestmark = pytest.mark.skipif(kernels.library() is None,
 KINDS = ("Q4_1", "Q8_0")
 
 
-def _dtype(kind: str, in_features: int) -> torch.dtype:
-    """The packed dtype ``_pack_weight`` gives a layer's GGUF rows on this CPU: Q4_1 rows in pairs where
-    the AVX-512 loop multiplies and K % 64 == 0, else the rows as stored."""
+def _dtype(kind: str, in_features: int, out_features: int = 16) -> torch.dtype:
+    """The packed dtype ``_pack_weight`` gives a layer's GGUF rows on this CPU (for rows whose Q4_1 weights
+    are exact in fp32, as gguf-py's quantizer makes them here): tiles where GGUF blocks are tiled for AMX
+    and N % 16 == 0, else Q4_1 rows in pairs where the AVX-512 loop multiplies and K % 64 == 0, else the
+    rows as stored."""
+    if kernels.amx_blocks() and out_features % 16 == 0:
+        return kernels.AMX_BLOCKS[kind]
     if kind == "Q4_1" and in_features % 64 == 0 and kernels.avx512():
         return kernels.PAIRS
     return kernels.BLOCK_FORMATS[kind]
@@ -43,7 +47,7 @@ def _packed(kind, out_features=38, in_features=96, seed=0):
     weight[1] = 0.0  # a block of zeros: d = 0
     raw, values = _blocks(weight, kind)
     packed = kernels._pack_weight(values, (kind, raw))
-    assert packed.dtype == _dtype(kind, in_features)
+    assert packed.dtype == _dtype(kind, in_features, out_features)
     return packed, values, raw
 
 
@@ -102,7 +106,7 @@ def test_q4_1_pairs_give_the_bits_of_the_rows_they_came_from(avx512):
 def test_blocks_are_used_only_where_they_hold_the_weight():
     weight = torch.randn(32, 64)
     raw, values = _blocks(weight, "Q4_1")
-    assert kernels._pack_weight(values, ("Q4_1", raw)).dtype == _dtype("Q4_1", 64)
+    assert kernels._pack_weight(values, ("Q4_1", raw)).dtype == _dtype("Q4_1", 64, 32)
     assert kernels._pack_weight(values, ("Q4_K", raw)).dtype == torch.float32  # a format the kernel lacks
     assert kernels._pack_weight(weight, ("Q4_1", raw)).dtype == torch.float32  # not their values
     assert kernels._pack_weight(values[:16], ("Q4_1", raw)).dtype == torch.float32  # other rows
@@ -113,7 +117,7 @@ def test_blocks_are_used_only_where_they_hold_the_weight():
         layer.weight.copy_(values)
     layer.gguf_blocks = ("Q4_1", raw)
     kernels.accelerate(layer)
-    assert layer.packed.dtype == _dtype("Q4_1", 64)
+    assert layer.packed.dtype == _dtype("Q4_1", 64, 32)
     x = torch.randn(3, 64)
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, values), rtol=1e-5, atol=1e-5)
@@ -151,10 +155,13 @@ def _gguf_model(tied: bool = False) -> tuple[LlamaForCausalLM, LlamaForCausalLM]
 def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
     model, plain = _gguf_model(tied)
     packed = {m.packed.dtype for m in model.modules() if isinstance(m, kernels.SmallRowsLinear)}
-    assert packed == {_dtype("Q4_1", 64), torch.uint16}
+    assert packed == {_dtype("Q4_1", 64), _dtype("Q8_0", 64)}  # every layer's N is a multiple of 16
     assert "on (15 linear layers" in kernels.status(model)
-    pairs = " (9 repacked in pairs)" if kernels.avx512() else ""
-    assert f"9 on Q4_1 blocks{pairs}, 6 on Q8_0 blocks" in kernels.status(model)
+    if kernels.amx_blocks():
+        assert "9 on Q4_1 blocks (9 on AMX tiles), 6 on Q8_0 blocks (6 on AMX tiles)" in kernels.status(model)
+    else:
+        pairs = " (9 repacked in pairs)" if kernels.avx512() else ""
+        assert f"9 on Q4_1 blocks{pairs}, 6 on Q8_0 blocks" in kernels.status(model)
     assert kernels.quantize(model) == 0  # block weights stay the file's own
     assert all(m.quantized is None for m in model.modules() if isinstance(m, kernels.SmallRowsLinear))
     monkeypatch.setattr(kernels, "FUSED_LAYERS", fused)
@@ -179,8 +186,9 @@ def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
         for cache in caches:
             cache.commit(0, part.stop - part.start)
     assert bool(calls) == fused
-    assert fused or {_dtype("Q4_1", 64), torch.uint16} <= set(linears)
-    assert model._limited_head(40).packed.dtype == _dtype("Q4_1", 64)  # the head's first 40 rows, as blocks
+    assert fused or {_dtype("Q4_1", 64), _dtype("Q8_0", 64)} <= set(linears)
+    # the head's first 40 rows, as blocks (not a whole number of tiles: repacked from the file's rows)
+    assert model._limited_head(40).packed.dtype == _dtype("Q4_1", 64, 40)
     # a batch of two rows goes through ``decoder_layers`` (fused) or the per-op layers
     batch = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():

@@ -46,6 +46,16 @@ as one row (``verispec profile`` measures verify(n) / decode(1); docs/results.md
 independent of the other rows. VERISPEC_AMX=0
 keeps the AVX2 loop; ``status()`` says which path the weights took.
 
+GGUF blocks on AMX (``amx_blocks``; formats "amx-Q4_1" and "amx-Q8_0"): where the CPU has AMX and
+AVX512-BF16, a GGUF file's Q4_1 and Q8_0 rows (N % 16 == 0) are tiled too. Their 4- and 8-bit integers
+are exact in bf16, so tiles multiply them by x's three exact bf16 parts block by block, and an AVX-512
+epilogue applies each block's d (and m times the block's sum of x): the dequantized values, rounded
+elsewhere than the AVX-512 loop rounds. A pass then costs about the same for 1 to 16 rows: on the AMX
+Xeon SmolLM2's verify(8) / decode(1) went from 2.4 to 1.5 and served tokens/s at concurrency 16 from
+~120 to ~230, while one row (plain decoding of a lone request) costs ~18% more than on the AVX-512 loop
+(docs/results.md). One process multiplies every pass the same way, so VERISPEC_AMX_BLOCKS=0 (read when
+weights are packed) keeps the loops for a process that decodes lone requests without speculation.
+
 Fused decoder layers (``fused.py``, re-exported here): ``decoder_layer`` runs a whole Llama decoder layer
 of a pass of up to ``max_fused()`` rows in one call (the native model's ``run_layers`` uses it where
 ``fused_applies`` and ``LayerWeights.for_layer`` allow), since at these sizes torch's per-op dispatch
@@ -61,7 +71,7 @@ import torch
 from torch import nn
 
 from verispec.kernels.formats import (  # noqa: F401  (re-exported)
-    BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, WEIGHT_TYPES, Format, _int8_rows, _int8_values, _random_blocks,
+    AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, WEIGHT_TYPES, Format, _int8_rows, _int8_values, _random_blocks,
     block_bytes, dequantize_blocks, dequantize_pairs, packed_inputs, pair_blocks)
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
@@ -126,6 +136,14 @@ def amx_int8() -> bool:
     return amx() and "amx_int8" in _cpu_flags() and "amx-int8" not in _failed
 
 
+def amx_blocks() -> bool:
+    """Whether GGUF blocks (Q4_1, Q8_0) are tiled for AMX (``_amx_blocks``): ``amx()``, the CPU has
+    AVX512-BF16 (the Q8_0 unpacking converts with it; every AMX CPU so far has it) and VERISPEC_AMX_BLOCKS
+    is not 0. Read when weights are packed. Each format's own self-check may still turn it off
+    (``_failed``)."""
+    return amx() and "avx512_bf16" in _cpu_flags() and os.environ.get("VERISPEC_AMX_BLOCKS", "1") != "0"
+
+
 def amx() -> bool:
     """Whether bf16 weights are multiplied with AMX tiles (``library()`` loaded, the CPU has AMX-BF16, the
     OS granted it, the self-check passed and VERISPEC_AMX is not 0). Read when weights are packed."""
@@ -167,13 +185,13 @@ def _product(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
-    tiles (int16-held bf16, uint8-held int8), INT8_ROWS for the AVX2 loop's int8 rows, ``max_rows()`` for
+    tiles (int16-held bf16, uint8-held int8, AMX_BLOCKS' GGUF blocks), INT8_ROWS for the AVX2 loop's int8 rows, ``max_rows()`` for
     its other formats. GGUF blocks too: their dequantization is redone per chunk of 6 rows, and on the
     Zen 3 torch's GEMM of the fp32 weight took 0.7x the kernel's time at 32 and 64 rows for 576 x 1536
     and 1536 x 576 layers in cache (only a 49152 x 576 head still won at 32 rows)."""
     if packed.dtype == torch.int8:
         return INT8_ROWS
-    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8) else max_rows()
+    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8, *AMX_BLOCKS.values()) else max_rows()
 
 
 def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -217,6 +235,7 @@ def status(model: nn.Module | None = None) -> str:
         return f"available, not applied to this model ({paths()})"
     bf16 = sum(m.packed.dtype in (torch.bfloat16, torch.int16) for m in layers)
     tiled = sum(m.packed.dtype == torch.int16 for m in layers)
+    tiled_blocks = sum(m.packed.dtype in AMX_BLOCKS.values() for m in layers)
     fused = f"whole decoder layers <= {max_fused()} rows" if FUSED_LAYERS else "per-op layers: VERISPEC_FUSED_LAYERS=0"
     tiles = f"{tiled} on AMX tiles" if tiled else "none on AMX tiles"  # why not: in paths()
     quantized = [m.quantized for m in layers if m.quantized is not None]
@@ -228,13 +247,16 @@ def status(model: nn.Module | None = None) -> str:
     blocks = ""
     pairs = sum(m.packed.dtype == PAIRS for m in layers)
     for kind, dtype in BLOCK_FORMATS.items():
-        count = sum(m.packed.dtype == dtype for m in layers) + (pairs if kind == "Q4_1" else 0)
+        on_tiles = sum(m.packed.dtype == AMX_BLOCKS[kind] for m in layers)
+        count = sum(m.packed.dtype == dtype for m in layers) + on_tiles + (pairs if kind == "Q4_1" else 0)
         blocks += f", {count} on {kind} blocks" if count else ""
-        blocks += f" ({pairs} repacked in pairs)" if count and pairs and kind == "Q4_1" else ""
+        detail = ([f"{pairs} repacked in pairs"] if pairs and kind == "Q4_1" else []) + \
+            ([f"{on_tiles} on AMX tiles"] if on_tiles else [])
+        blocks += f" ({', '.join(detail)})" if count and detail else ""
     unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in GGUF_DTYPES for m in layers)
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
-    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {max_rows()}" if tiled else f"<= {max_rows()} rows"
+    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {max_rows()}" if tiled or tiled_blocks else f"<= {max_rows()} rows"
     weights = f"{bf16} with bf16 weights ({tiles}){int8}{blocks}"
     return f"on ({len(layers)} linear layers, {weights}, {rows}; {fused}; {paths()})"
 
@@ -250,7 +272,9 @@ def paths() -> str:
     else:
         text = f"avx2: {', '.join(loop)}" + (f"; AVX-512 off: {_avx512_reason}" if _avx512_reason else
                                              "; AVX-512 off: switched off (set_avx512)")
-    text += f"; amx-bf16{', amx-int8' if amx_int8() else ''}" if amx() else f"; AMX off: {_amx_reason}"
+    tiled_blocks = [FORMATS[dtype].name for dtype in AMX_BLOCKS.values() if FORMATS[dtype].name not in _failed]
+    extra = (["amx-int8"] if amx_int8() else []) + (tiled_blocks if amx_blocks() else [])
+    text += f"; {', '.join(['amx-bf16', *extra])}" if amx() else f"; AMX off: {_amx_reason}"
     if _failed:
         text += "; self-check turned off " + ", ".join(f"{name} ({why})" for name, why in _failed.items())
     return text

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from verispec import kernels as _k
-from verispec.kernels.formats import (BLOCK_FORMATS, _int8_rows, _int8_values, _random_blocks, dequantize_blocks,
-                                      pair_blocks)
+from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, _random_blocks,
+                                      dequantize_blocks, pair_blocks)
 
 
 def cache_dir() -> Path:
@@ -119,6 +119,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    + [ctypes.c_long] * 3 + [ctypes.c_int])
     lib.pack_amx_i8.restype = None
     lib.pack_amx_i8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2
+    lib.pack_amx_blocks.restype = ctypes.c_long
+    lib.pack_amx_blocks.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
     lib.pack_amx.restype = None
     lib.pack_amx.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
     lib.amx_init.restype = ctypes.c_int
@@ -169,11 +171,18 @@ def _choose_paths(lib: ctypes.CDLL) -> None:
     else:
         _k._avx512_reason = ""
     _self_check(lib)
-    failed = _k._failed
-    if not _k._avx512_reason and failed:  # the AVX-512 loop off, then the AVX2 loop checked on its own
+    # A loop format failing turns the AVX-512 loop off, then the AVX2 loop is checked on its own; AMX
+    # paths failing are their own (tiles do not take the loops).
+    failed = {name: why for name, why in _k._failed.items() if FORMATS[_dtype_of(name)].rows_multiple == 1}
+    if not _k._avx512_reason and failed:
         _k._avx512_reason = "self-check failed: " + ", ".join(f"{name} ({why})" for name, why in failed.items())
         lib.set_avx512(0)
         _self_check(lib)
+
+
+def _dtype_of(name: str) -> torch.dtype:
+    """The packed dtype of the weight path ``name`` (a Format's name)."""
+    return next(dtype for dtype, form in FORMATS.items() if form.name == name)
 
 
 def _self_check(lib: ctypes.CDLL) -> None:
@@ -217,4 +226,10 @@ def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tu
         weights["amx-bf16"] = (_k._tiles(lib, exact[:16]), exact[:16].float())
         if "amx_int8" in _cpu_flags():
             weights["amx-int8"] = (_k._int8_tiles(lib, values[:16], scale[:16]), weights["int8"][1][:16])
+        if "avx512_bf16" in _cpu_flags():  # what ``amx_blocks`` asks of the CPU besides AMX
+            for kind, dtype in AMX_BLOCKS.items():
+                raw = _random_blocks(kind, 16, 64, generator)
+                tiled = torch.empty(16, 2 * FORMATS[dtype].columns, dtype=dtype)
+                lib.pack_amx_blocks(raw.data_ptr(), tiled.data_ptr(), 16, 64, int(kind == "Q8_0"))
+                weights[FORMATS[dtype].name] = (tiled, dequantize_blocks(kind, raw))
     return weights

@@ -10,8 +10,8 @@ import ctypes
 import torch
 
 from verispec import kernels as _k
-from verispec.kernels.formats import (BLOCK_FORMATS, _int8_rows, _int8_values, block_bytes, dequantize_blocks,
-                                      pair_blocks)
+from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, block_bytes,
+                                      dequantize_blocks, pair_blocks)
 
 
 def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -46,7 +46,9 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
     of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
     that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
-    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). Where the AVX-512 loop
+    them as numbers, and rows still cut and join like rows (q | k | v, gate | up). Where AMX multiplies GGUF
+    blocks (``amx_blocks``) and N % 16 == 0, rows are tiled for it (``_amx_blocks``: the same values,
+    verification of 1..16 rows at about the cost of one). Else, where the AVX-512 loop
     multiplies and K % 64 == 0, Q4_1 rows are repacked as "Q4_1 pairs" (``pair_blocks``, int64 (N, K / 64
     * 6)): the same values in 24 bytes a block instead of 20, which that loop multiplies faster. None, so the caller
     packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
@@ -64,9 +66,27 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
         if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
             return None
+    tiled = _amx_blocks(kind, raw) if out_features % 16 == 0 else None
+    if tiled is not None:
+        return tiled
     if kind == "Q4_1" and in_features % 64 == 0 and _k.avx512() and "Q4_1 pairs" not in _k._failed:
         return pair_blocks(raw)
     return raw.view(dtype)
+
+
+def _amx_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor | None:
+    """GGUF rows (uint8 (N, row bytes), N % 16 == 0) tiled for AMX (``pack_amx_blocks`` in the C source) as
+    that path's dtype (AMX_BLOCKS), where ``amx_blocks()`` and the path's self-check passed; None where
+    not, or where a Q4_1 weight's d * q + m is not exact in fp32 (the tile path multiplies by d * q + m
+    exactly, so only exact weights make it the same model)."""
+    dtype = AMX_BLOCKS[kind]
+    if not _k.amx_blocks() or FORMATS[dtype].name in _k._failed:
+        return None
+    out_features, row_bytes = raw.shape
+    tiled = torch.empty(out_features, row_bytes // block_bytes(kind) * FORMATS[dtype].columns, dtype=dtype)
+    inexact = _k.library().pack_amx_blocks(raw.data_ptr(), tiled.data_ptr(), out_features,
+                                           row_bytes // block_bytes(kind) * 32, int(kind == "Q8_0"))
+    return tiled if inexact == 0 else None
 
 
 def quantize_int8(weight: torch.Tensor) -> torch.Tensor | None:

@@ -447,18 +447,22 @@ int avx512_on(void) { return use_avx512; }
 
 /* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below), 3 int8 rows with
  * their scale, 4 int8 tiled for AMX (run_amx_i8), 5 Q4_1 and 6 Q8_0 GGUF block rows (K % 32 == 0), 7 Q4_1
- * rows in pairs of blocks (K % 64 == 0, see load_w_q4_1_pairs).
- * 1 when scratch memory could not be allocated (AMX only). */
+ * rows in pairs of blocks (K % 64 == 0, see load_w_q4_1_pairs), 8 Q4_1 and 9 Q8_0 blocks tiled for AMX
+ * (run_amx_blocks). 1 when scratch memory could not be allocated (AMX only). */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads);
 
 static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bias, long M, long K, long N,
                       int threads);
 
+static int run_amx_blocks(const float *x, const uint8_t *w, int q8, float *y, const float *bias, long M, long K,
+                          long N, int threads);
+
 static int run(const float *x, const void *w, int wtype, float *y, const float *bias, long M, long K,
                long N, int threads) {
     if (wtype == 2) return run_amx(x, (const uint16_t *)w, y, bias, M, K, N, threads);
     if (wtype == 4) return run_amx_i8(x, (const int8_t *)w, y, bias, M, K, N, threads);
+    if (wtype == 8 || wtype == 9) return run_amx_blocks(x, (const uint8_t *)w, wtype == 9, y, bias, M, K, N, threads);
     if (use_avx512 && K % 16 == 0) {
         run16(x, w, wtype, y, bias, M, K, N, threads);
         return 0;
@@ -738,8 +742,266 @@ static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bi
     return 0;
 }
 
+
+/* ---- AMX for GGUF blocks (a GGUF file's Q4_1 / Q8_0 rows; the target model's own weights) --------
+ *
+ * A Q4_1 weight is d * q + m with q a 4-bit integer and d, m the block's fp16 scales; a Q8_0 weight is
+ * d * q with q an int8. Every such q is exact in bf16 (at most 8 significant bits), so a tile multiply
+ * of x's three exact bf16 parts (split3 above) by the q of one block of 32 inputs gives, per output,
+ * the block's sum of q * x with exact products and fp32 accumulation. An AVX-512 epilogue then adds
+ * d * that sum + m * (the block's sum of x) into the output, block by block in k order:
+ *     y[r][n] = sum over blocks c of (d[n][c] * C_c[r][n] + m[n][c] * X[r][c]),  X[r][c] = sum of x[r][32c..32c+31]
+ * which is sum over k of (d * q + m) * x in exact arithmetic, and those are exactly the dequantized
+ * weights wherever d * q + m is exact in fp32 (``_pack_blocks`` checks this before choosing the path).
+ * Only where fp32 rounds differs from the AVX-512 loop. Every output of a row is summed in the same
+ * order whatever the rows of the call: a row's result does not depend on the other rows.
+ *
+ * Layout (``pack_amx_blocks``): for each block of 16 output features nb and each chunk c of 32 inputs
+ * (one GGUF block of each of the 16 rows), a record of d[16] fp32, then for Q4_1 m[16] fp32 and 256
+ * bytes of nibbles (wt 8, 384 bytes), for Q8_0 512 int8 values (wt 9, 576 bytes). Word i of tile row
+ * kk (the layout a tile multiply reads for its second operand) is the weight of output n = i / 2 and
+ * input 32c + 2kk + i % 2; Q4_1: the low nibble of byte 32t + i is word i of tile row 2t, its high
+ * nibble word i of row 2t + 1; Q8_0: byte 32kk + i is word i of row kk. Records are nb-major: 16 rows of
+ * 24 (Q4_1) or 36 (Q8_0) bytes a block, so the array cuts and joins along N at multiples of 16.
+ * A pass unpacks each record into a bf16 tile once (for every chunk of 16 rows of x) and keeps four
+ * accumulator tiles in flight, so a block's epilogue runs while the next blocks multiply. */
+
+/* GGUF rows raw (N x K / 32 blocks) -> out in the layout above. Returns how many Q4_1 weights d * q + m
+ * are not exact in fp32 (the path then computes other values than the dequantized ones; 0 for Q8_0). */
+long pack_amx_blocks(const uint8_t *raw, uint8_t *out, long N, long K, int q8) {
+    const long chunks = K / 32, in_bytes = q8 ? 34 : 20, rec = q8 ? 576 : 384;
+    long inexact = 0;
+    for (long nb = 0; nb < N / 16; nb++)
+        for (long c = 0; c < chunks; c++) {
+            uint8_t *record = out + (nb * chunks + c) * rec;
+            float scales[32];
+            uint8_t *values = record + (q8 ? 64 : 128);
+            memset(values, 0, q8 ? 512 : 256);
+            for (long n = 0; n < 16; n++) {
+                const uint8_t *block = raw + ((nb * 16 + n) * chunks + c) * in_bytes;
+                uint16_t half;
+                memcpy(&half, block, 2);
+                scales[n] = _cvtsh_ss(half);
+                memcpy(&half, block + 2, 2);
+                scales[16 + n] = _cvtsh_ss(half);
+            }
+            memcpy(record, scales, q8 ? 64 : 128);
+            for (long kk = 0; kk < 16; kk++)
+                for (long i = 0; i < 32; i++) {
+                    const long n = i / 2, k = 2 * kk + i % 2;
+                    const uint8_t *block = raw + ((nb * 16 + n) * chunks + c) * in_bytes;
+                    if (q8) {
+                        values[32 * kk + i] = block[2 + k];
+                    } else {
+                        const uint8_t q = k < 16 ? block[4 + k] & 15 : block[4 + k - 16] >> 4;
+                        values[32 * (kk / 2) + i] |= (uint8_t)(q << (4 * (kk % 2)));
+                        const double exact = (double)scales[n] * q + (double)scales[16 + n];
+                        inexact += (double)(float)exact != exact;
+                    }
+                }
+        }
+    return inexact;
+}
+
+#define AMXQ_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define AMXQ_INLINE static inline __attribute__((always_inline, target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+/* x rows (M x K fp32) -> parts[p] (M x K bf16, p = hi, mid, lo; as split3) and, with sums, the sum of
+ * each row's 32 inputs of each chunk (sums[m * K / 32 + c], in a fixed order). */
+AMXQ_TARGET static void split3_sums(const float *x, uint16_t *parts, float *sums, long M, long K) {
+    const long size = M * K;
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (long i = 0; i < size; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+        const __m512 rest = _mm512_sub_ps(v, hi);  /* exact: the bits below hi's */
+        const __m512 mid = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
+        const __m512 lo = _mm512_sub_ps(rest, mid);  /* exact, and at most 8 significant bits */
+        _mm256_storeu_si256((__m256i *)(parts + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16)));
+        _mm256_storeu_si256((__m256i *)(parts + size + i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(mid), 16)));
+        _mm256_storeu_si256((__m256i *)(parts + 2 * size + i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
+    }
+    if (sums)
+        for (long j = 0; j < size / 32; j++)
+            sums[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + 32 * j), _mm512_loadu_ps(x + 32 * j + 16)));
+}
+
+/* A record's values -> one bf16 tile (16 rows x 32 words, see the layout above). */
+AMXQ_INLINE void unpack_record(const uint8_t *record, int q8, uint16_t *tile) {
+    if (q8) {
+        const int8_t *q = (const int8_t *)(record + 64);
+        for (int kk = 0; kk < 16; kk++) {
+            const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * kk))));
+            const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * kk + 16))));
+            _mm512_store_si512((__m512i *)(tile + 32 * kk), (__m512i)_mm512_cvtne2ps_pbh(high, low));  /* exact: |q| <= 128 */
+        }
+        return;
+    }
+    /* bf16 bit patterns of 0..15, twice (vpermw reads 5 index bits; the indices are < 16) */
+    const __m512i table = _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0,
+                                           0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, 0x4170, 0x4160,
+                                           0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
+                                           0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
+    const uint8_t *nibbles = record + 128;
+    for (int t = 0; t < 8; t++) {
+        const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(nibbles + 32 * t)));
+        _mm512_store_si512((__m512i *)(tile + 64 * t), _mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(15)), table));
+        _mm512_store_si512((__m512i *)(tile + 64 * t + 32), _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table));
+    }
+}
+
+/* acc[r] += d * C[r] (+ m * X[r][c]) for the ROWS rows of one block's accumulator tile, stored at C. */
+AMXQ_INLINE void block_epilogue(const float *C, const uint8_t *record, int q8, const float *sums, long chunks,
+                                long c, __m512 acc[16], const int ROWS) {
+    const __m512 d = _mm512_loadu_ps((const float *)record);
+    if (q8) {
+        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(C + 16 * r), d, acc[r]);
+        return;
+    }
+    const __m512 m = _mm512_loadu_ps((const float *)record + 16);
+    for (int r = 0; r < ROWS; r++)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * chunks + c]), m,
+                                 _mm512_fmadd_ps(_mm512_load_ps(C + 16 * r), d, acc[r]));
+}
+
+#define AMXQ_AHEAD 2  /* records unpacked ahead of the one multiplied: 0.082 -> 0.058 ms for 1536 x 576 at one row */
+/* Records prefetched ahead into L2 (a block's records, then the next block's, are one stream): from memory
+ * a pass of SmolLM2's products at one row took 11.4 ms without and 8.2-10 ms with 8-256 records ahead,
+ * no distance clearly best (Xeon, one thread, a C harness over its 121 matrices). */
+#define AMXQ_PREFETCH 16
+
+/* The lines of the record at ``at`` (prefetching past the weights' end is harmless: prefetches never fault). */
+AMXQ_INLINE void amxq_prefetch(const uint8_t *at, long rec) {
+    for (long line = 0; line < rec; line += 64) _mm_prefetch((const char *)at + line, _MM_HINT_T1);
+}
+
+static __thread uint16_t *amxq_tiles = NULL;  /* a thread's unpacked tiles of one block of 16 outputs */
+static __thread long amxq_tiles_size = 0;
+
+/* Step c of the pipeline on accumulator tile S (c % 4 == S): store tile S (chunk c - 4's sums), add
+ * chunk c - 5's (stored one step earlier, so the store has landed) into acc, then unpack chunk
+ * c + AMXQ_AHEAD (first chunk of rows only; later chunks reuse the tiles) and multiply chunk c into S. */
+#define AMXQ_STEP(S)                                                                                    \
+    {                                                                                                   \
+        const long c = base + S;                                                                        \
+        if (c >= 4 && c - 4 < chunks) _tile_stored(S, stored[S], 64);                                   \
+        if (c >= 5 && c - 5 < chunks)                                                                   \
+            block_epilogue(stored[(S + 3) & 3], records + (c - 5) * rec, q8, row_sums, chunks, c - 5, acc, ROWS); \
+        if (c < chunks) {                                                                               \
+            if (fill) amxq_prefetch(records + (c + AMXQ_PREFETCH) * rec, rec);                          \
+            if (fill && c + AMXQ_AHEAD < chunks)                                                        \
+                unpack_record(records + (c + AMXQ_AHEAD) * rec, q8, tiles + (c + AMXQ_AHEAD) * 512);    \
+            _tile_zero(S);                                                                              \
+            _tile_loadd(7, tiles + c * 512, 64);                                                        \
+            _tile_loadd(4, a + c * 32, K * 2);                                                          \
+            _tile_loadd(5, a + part_stride + c * 32, K * 2);                                            \
+            _tile_loadd(6, a + 2 * part_stride + c * 32, K * 2);                                        \
+            _tile_dpbf16ps(S, 4, 7);                                                                    \
+            _tile_dpbf16ps(S, 5, 7);                                                                    \
+            _tile_dpbf16ps(S, 6, 7);                                                                    \
+        }                                                                                               \
+    }
+
+/* Outputs nb * 16 .. nb * 16 + 15 of ROWS rows from m0 (the tile configuration loaded for ROWS rows),
+ * their accumulators in registers; with fill, the block's records are unpacked into tiles on the way. */
+AMXQ_INLINE void amxq_rows(const uint16_t *parts, const float *sums, long M, long m0, const uint8_t *records,
+                           int q8, float *y, const float *bias, long K, long N, long nb, uint16_t *tiles, int fill,
+                           const int ROWS) {
+    const long chunks = K / 32, rec = q8 ? 576 : 384, part_stride = M * K;
+    float stored[4][16 * 16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    const uint16_t *a = parts + m0 * K;
+    const float *row_sums = sums ? sums + m0 * chunks : NULL;
+    if (fill)
+        for (long c = 0; c < AMXQ_AHEAD && c < chunks; c++) unpack_record(records + c * rec, q8, tiles + c * 512);
+    for (long base = 0; base < chunks + 5; base += 4) {
+        AMXQ_STEP(0) AMXQ_STEP(1) AMXQ_STEP(2) AMXQ_STEP(3)
+    }
+    const __m512 b = bias ? _mm512_loadu_ps(bias + nb * 16) : _mm512_setzero_ps();
+    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + (m0 + r) * N + nb * 16, _mm512_add_ps(acc[r], b));
+}
+
+/* Outputs nb * 16 .. nb * 16 + 15 of all M rows, 16 rows at a time (the block's tiles unpacked once). */
+AMXQ_TARGET static void amxq_block(const uint16_t *parts, const float *sums, long M, const uint8_t *w, int q8,
+                                   float *y, const float *bias, long K, long N, long nb, uint16_t *tiles,
+                                   long *configured) {
+    const uint8_t *records = w + nb * (K / 32) * (q8 ? 576 : 384);
+    for (long m0 = 0; m0 < M; m0 += 16) {
+        const long rows = M - m0 < 16 ? M - m0 : 16;
+        if (rows != *configured) {
+            tile_config config;
+            configure(&config, rows);
+            _tile_loadconfig(&config);
+            *configured = rows;
+        }
+        const int fill = m0 == 0;
+        switch (rows) {
+#define AMXQ_CASE(R) case R: amxq_rows(parts, sums, M, m0, records, q8, y, bias, K, N, nb, tiles, fill, R); break;
+        AMXQ_CASE(1) AMXQ_CASE(2) AMXQ_CASE(3) AMXQ_CASE(4) AMXQ_CASE(5) AMXQ_CASE(6) AMXQ_CASE(7) AMXQ_CASE(8)
+        AMXQ_CASE(9) AMXQ_CASE(10) AMXQ_CASE(11) AMXQ_CASE(12) AMXQ_CASE(13) AMXQ_CASE(14) AMXQ_CASE(15)
+        AMXQ_CASE(16)
+#undef AMXQ_CASE
+        default: break;
+        }
+    }
+}
+
+AMXQ_TARGET static void amxq_blocks(const uint16_t *parts, const float *sums, long M, const uint8_t *w, int q8,
+                                    float *y, const float *bias, long K, long N, long begin, long end,
+                                    uint16_t *tiles) {
+    if (begin >= end) return;
+    long configured = 0;
+    for (long nb = begin; nb < end; nb++) amxq_block(parts, sums, M, w, q8, y, bias, K, N, nb, tiles, &configured);
+    _tile_release();
+}
+
+/* y[M, N] = x[M, K] @ w^T (+ bias), w from pack_amx_blocks (wt 8: Q4_1, 9: Q8_0). 1 when scratch failed. */
+static int run_amx_blocks(const float *x, const uint8_t *w, int q8, float *y, const float *bias, long M, long K,
+                          long N, int threads) {
+    uint16_t *parts = aligned_alloc(64, (sizeof(uint16_t) * 3 * M * K + 63) / 64 * 64);
+    float *sums = q8 ? NULL : malloc(sizeof(float) * (M * K / 32 > 0 ? M * K / 32 : 1));
+    if (!parts || (!q8 && !sums)) {
+        free(parts); free(sums);
+        return 1;
+    }
+    split3_sums(x, parts, sums, M, K);
+    const long blocks = N / 16;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+    {
+        const long bytes = K / 32 * 1024;
+        if (amxq_tiles_size < bytes) {
+            free(amxq_tiles);
+            amxq_tiles = aligned_alloc(64, bytes);
+            amxq_tiles_size = amxq_tiles ? bytes : 0;
+        }
+        if (!amxq_tiles) {
+            failed = 1;
+        } else {
+            const long team = omp_get_num_threads(), me = omp_get_thread_num(), per = (blocks + team - 1) / team;
+            const long begin = me * per < blocks ? me * per : blocks, end = begin + per < blocks ? begin + per : blocks;
+            amxq_blocks(parts, sums, M, w, q8, y, bias, K, N, begin, end, amxq_tiles);
+        }
+    }
+    free(parts); free(sums);
+    return failed;
+}
+
 #else
 int amx_init(void) { return 0; }
+long pack_amx_blocks(const uint8_t *raw, uint8_t *out, long N, long K, int q8) {
+    (void)raw; (void)out; (void)N; (void)K; (void)q8;
+    return -1;
+}
+static int run_amx_blocks(const float *x, const uint8_t *w, int q8, float *y, const float *bias, long M, long K,
+                          long N, int threads) {
+    (void)x; (void)w; (void)q8; (void)y; (void)bias; (void)M; (void)K; (void)N; (void)threads;
+    return 1;
+}
+
 void pack_amx(const uint16_t *w, uint16_t *out, long N, long K) { (void)w; (void)out; (void)N; (void)K; }
 void pack_amx_i8(const int8_t *q, const float *scales, int8_t *out, long N, long K) {
     (void)q; (void)scales; (void)out; (void)N; (void)K;
