@@ -542,20 +542,27 @@ void pack_amx(const uint16_t *w, uint16_t *out, long N, long K) {
         }
 }
 
-INLINE uint32_t bits_of(float v) { uint32_t u; memcpy(&u, &v, 4); return u; }
-INLINE float float_of(uint32_t u) { float v; memcpy(&v, &u, 4); return v; }
-
-/* x rows (rows x K fp32) -> parts[p] (rows x K bf16), p = hi, mid, lo. */
-static void split3(const float *x, uint16_t *parts, long rows, long K) {
-    const long size = rows * K;
-    for (long i = 0; i < size; i++) {
-        float rest = x[i];
-        for (int p = 0; p < 3; p++) {
-            uint32_t top = bits_of(rest) & 0xFFFF0000u;
-            parts[p * size + i] = (uint16_t)(top >> 16);
-            rest -= float_of(top);
-        }
+/* x rows (M x K fp32, K % 32 == 0) -> parts[p] (M x K bf16, p = hi, mid, lo: the top 8 significant bits,
+ * the next 8 and the rest, each exact) and, with sums, the sum of each row's 32 inputs of each chunk
+ * (sums[m * K / 32 + c], in a fixed order). A CPU with AMX has AVX-512. */
+__attribute__((target("avx512f"))) static void split3_sums(const float *x, uint16_t *parts, float *sums, long M, long K) {
+    const long size = M * K;
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (long i = 0; i < size; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+        const __m512 rest = _mm512_sub_ps(v, hi);  /* exact: the bits below hi's */
+        const __m512 mid = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
+        const __m512 lo = _mm512_sub_ps(rest, mid);  /* exact, and at most 8 significant bits */
+        _mm256_storeu_si256((__m256i *)(parts + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16)));
+        _mm256_storeu_si256((__m256i *)(parts + size + i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(mid), 16)));
+        _mm256_storeu_si256((__m256i *)(parts + 2 * size + i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
     }
+    if (sums)
+        for (long j = 0; j < size / 32; j++)
+            sums[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + 32 * j), _mm512_loadu_ps(x + 32 * j + 16)));
 }
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
@@ -623,7 +630,7 @@ static int run_amx(const float *x, const uint16_t *w, float *y, const float *bia
                    int threads) {
     uint16_t *parts = aligned_alloc(64, (sizeof(uint16_t) * 3 * M * K + 63) / 64 * 64);  /* whole cache lines per tile row */
     if (!parts) return 1;
-    split3(x, parts, M, K);
+    split3_sums(x, parts, NULL, M, K);
     const long blocks = N / 16;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -747,7 +754,7 @@ static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bi
  *
  * A Q4_1 weight is d * q + m with q a 4-bit integer and d, m the block's fp16 scales; a Q8_0 weight is
  * d * q with q an int8. Every such q is exact in bf16 (at most 8 significant bits), so a tile multiply
- * of x's three exact bf16 parts (split3 above) by the q of one block of 32 inputs gives, per output,
+ * of x's three exact bf16 parts (split3_sums above) by the q of one block of 32 inputs gives, per output,
  * the block's sum of q * x with exact products and fp32 accumulation. An AVX-512 epilogue then adds
  * d * that sum + m * (the block's sum of x) into the output, block by block in k order:
  *     y[r][n] = sum over blocks c of (d[n][c] * C_c[r][n] + m[n][c] * X[r][c]),  X[r][c] = sum of x[r][32c..32c+31]
@@ -805,28 +812,6 @@ long pack_amx_blocks(const uint8_t *raw, uint8_t *out, long N, long K, int q8) {
 
 #define AMXQ_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define AMXQ_INLINE static inline __attribute__((always_inline, target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
-/* x rows (M x K fp32) -> parts[p] (M x K bf16, p = hi, mid, lo; as split3) and, with sums, the sum of
- * each row's 32 inputs of each chunk (sums[m * K / 32 + c], in a fixed order). */
-AMXQ_TARGET static void split3_sums(const float *x, uint16_t *parts, float *sums, long M, long K) {
-    const long size = M * K;
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (long i = 0; i < size; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
-        const __m512 rest = _mm512_sub_ps(v, hi);  /* exact: the bits below hi's */
-        const __m512 mid = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
-        const __m512 lo = _mm512_sub_ps(rest, mid);  /* exact, and at most 8 significant bits */
-        _mm256_storeu_si256((__m256i *)(parts + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16)));
-        _mm256_storeu_si256((__m256i *)(parts + size + i),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(mid), 16)));
-        _mm256_storeu_si256((__m256i *)(parts + 2 * size + i),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
-    }
-    if (sums)
-        for (long j = 0; j < size / 32; j++)
-            sums[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + 32 * j), _mm512_loadu_ps(x + 32 * j + 16)));
-}
 
 /* A record's values -> one bf16 tile (16 rows x 32 words, see the layout above). */
 AMXQ_INLINE void unpack_record(const uint8_t *record, int q8, uint16_t *tile) {
