@@ -5,7 +5,10 @@ across points as a server keeps its policy. Prints output tokens/s per point, th
 with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 
     OMP_NUM_THREADS=1 python experiments/closed_loop.py [--target smollm2] [--repeats 3] [--points 1,2,4,8,16,32,64]
-        [--trace]
+        [--trace] [--eagle shipped|DIR]
+
+--eagle adds the adaptive policy over an EAGLE head's chains (drafted for all rows at once, as
+``verispec serve --method eagle`` runs them).
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -27,8 +30,11 @@ ap.add_argument("--hold", default="16", help="AdaptiveGamma hold_rounds; several
 ap.add_argument("--gamma0", action="store_true", help="add a variant with the draft attached but held at gamma 0")
 ap.add_argument("--aa", action="store_true", help="add a second plain engine (an A/A check of the method's noise)")
 ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
+ap.add_argument("--eagle", default=None, help="add an 'eagle' variant: the adaptive policy over this head's chains "
+                "(a head dir, or 'shipped' for the target's shipped head)")
 args = ap.parse_args()
-pair = load_pair(args.target)
+pair = load_pair(args.target, need_eagle=args.eagle is not None,
+                 eagle_dir=None if args.eagle in (None, "shipped") else args.eagle)
 vocab = resolve_draft_vocab(pair, "auto")  # as verispec serve does
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
                                           max_output_tokens=48), pair.tokenizer, 1024, 6)
@@ -44,6 +50,9 @@ for budget in (float(b) for b in args.budget.split(",") if b):
     engines[f"budget{budget:g}"] = BatchEngine(
         pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab), max_batch=64, max_len=1024,
         gamma_policy=AdaptiveGamma(max_gamma=4, switch_budget=budget))
+if args.eagle is not None:
+    engines["eagle"] = BatchEngine(pair.target, None, SpecConfig(method="chain", gamma=4, drafter="eagle"), max_batch=64,
+                                   max_len=1024, gamma_policy=AdaptiveGamma(max_gamma=4), eagle=pair.eagle)
 if args.aa:
     engines["off2"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="none"), max_batch=64, max_len=1024)
 if args.gamma0:
