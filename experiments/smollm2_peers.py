@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct on this CPU: verispec (plain, chain with the shipped draft) against transformers
+"""SmolLM2-135M-Instruct on this CPU: verispec (plain, chain with the shipped draft, chain with the shipped
+EAGLE head) against transformers
 (``generate()`` plain and with ``assistant_model=`` the same draft) and llama.cpp (``llama-cpp-python``
 on the very same GGUF file, plain and with its prompt-lookup drafting), one process, one run.
 
@@ -41,7 +42,8 @@ def cpu_name() -> str:
 def verispec_systems(pair, tokens: int):
     vocab = resolve_draft_vocab(pair, "auto")
     specs = {"verispec plain": SpecConfig(method="none"),
-             "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab)}
+             "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
+             "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle")}
     stop = StopRules(max_tokens=tokens, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
     systems = {}
     for name, spec in specs.items():
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the JSON record here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = load_pair("smollm2")
+    pair = load_pair("smollm2", need_eagle=True)
     prompts = demo_prompts(args.prompts, "smollm2")
     jobs = [(w, pair.tokenizer.encode(p, add_special_tokens=False)) for w in ("code", "chat") for p in prompts[w]]
     systems = verispec_systems(pair, args.tokens)
