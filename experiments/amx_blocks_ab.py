@@ -10,13 +10,11 @@ different places, so they differ in the last bits). Needs a CPU whose kernel til
 (``kernels.amx_blocks()``).
 """
 
-import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
+from pass_timing import interleaved, parse_args, prefilled
 
 from verispec import kernels
 from verispec.loading import load_target_and_tokenizer
@@ -33,37 +31,24 @@ def load(target: str, tiles: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--target", default="smollm2")
-    parser.add_argument("--positions", default="1,2,4,5,8,16")
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=21)
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     kernels.library()
     if not kernels.amx_blocks():
         sys.exit(f"GGUF blocks are not tiled here: {kernels.status()}")
     torch.manual_seed(0)
     models = {"tiles": load(args.target, True), "loop": load(args.target, False)}
     os.environ.pop("VERISPEC_AMX_BLOCKS")
-    positions = [int(p) for p in args.positions.split(",")]
-    prompt = torch.randint(0, models["tiles"].config.vocab_size, (1, args.context))
-    caches, logits = {}, {}
-    for name, model in models.items():
-        caches[name] = model.new_cache(1, args.context + max(positions) + 1)
-        model.forward(prompt, caches[name])
-        caches[name].commit(0, args.context)
-    tokens = {n: torch.randint(0, models["tiles"].config.vocab_size, (1, n)) for n in positions}
-    units = [(name, n) for n in positions for name in models]
-    times: dict[tuple[str, int], list[float]] = {unit: [] for unit in units}
-    for index in range(args.repeats + 1):  # the first pass warms up and is not counted
-        shift = index % len(units)
-        for name, n in units[shift:] + units[:shift]:
-            began = time.perf_counter()
-            out = models[name].forward(tokens[n], caches[name])  # nothing committed: every pass sees the same context
-            if index:
-                times[(name, n)].append(1e3 * (time.perf_counter() - began))
-            logits[(name, n)] = out
-    median = {unit: statistics.median(values) for unit, values in times.items()}
+    positions = args.positions
+    vocab = models["tiles"].config.vocab_size
+    prompt = torch.randint(0, vocab, (1, args.context))
+    caches = {name: prefilled(model, prompt, positions) for name, model in models.items()}
+    tokens = {n: torch.randint(0, vocab, (1, n)) for n in positions}
+
+    def run(unit):
+        name, n = unit
+        return models[name].forward(tokens[n], caches[name])  # nothing committed: every pass sees the same context
+
+    median, logits = interleaved([(name, n) for n in positions for name in models], run, args.repeats)
     print(f"{args.target}, context {args.context}, {args.repeats} interleaved repeats, {torch.get_num_threads()} "
           f"thread(s); kernel paths: {kernels.paths()}")
     print(f"{'n':>3} {'tiles ms':>9} {'loop ms':>9} {'tiles v/d':>10} {'loop v/d':>9} {'tiles/loop':>11} {'logits diff':>12}")
