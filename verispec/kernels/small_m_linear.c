@@ -567,10 +567,11 @@ __attribute__((target("avx512f"))) static void split3_sums(const float *x, uint1
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
 
-/* The calling OpenMP thread's share of ``blocks`` output blocks of 16: whole groups of 4 blocks. */
-static void my_blocks(long blocks, long *begin, long *end) {
+/* The calling OpenMP thread's share of ``blocks`` output blocks of 16: whole groups of ``multiple`` blocks (4 where
+ * a path multiplies 4 blocks at a time). */
+static void my_blocks(long blocks, long multiple, long *begin, long *end) {
     const long team = omp_get_num_threads(), me = omp_get_thread_num();
-    const long per = ((blocks + team - 1) / team + 3) / 4 * 4;
+    const long per = ((blocks + team - 1) / team + multiple - 1) / multiple * multiple;
     *begin = me * per < blocks ? me * per : blocks;
     *end = *begin + per < blocks ? *begin + per : blocks;
 }
@@ -635,7 +636,7 @@ static int run_amx(const float *x, const uint16_t *w, float *y, const float *bia
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         long begin, end;
-        my_blocks(blocks, &begin, &end);
+        my_blocks(blocks, 4, &begin, &end);
         if (begin < end) amx_blocks(parts, M, w, y, K, N, begin, end);
     }
     free(parts);
@@ -742,7 +743,7 @@ static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bi
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         long begin, end;
-        my_blocks(blocks, &begin, &end);
+        my_blocks(blocks, 4, &begin, &end);
         if (begin < end) amx_i8_blocks(xq, xs, M, w, y, bias, K, N, begin, end);
     }
     free(xq); free(xs);
@@ -966,8 +967,8 @@ static int run_amx_blocks(const float *x, const uint8_t *w, int q8, float *y, co
         if (!amxq_tiles) {
             failed = 1;
         } else {
-            const long team = omp_get_num_threads(), me = omp_get_thread_num(), per = (blocks + team - 1) / team;
-            const long begin = me * per < blocks ? me * per : blocks, end = begin + per < blocks ? begin + per : blocks;
+            long begin, end;
+            my_blocks(blocks, 1, &begin, &end);
             amxq_blocks(parts, sums, M, w, q8, y, bias, K, N, begin, end, amxq_tiles);
         }
     }
