@@ -50,11 +50,11 @@ GGUF blocks on AMX (``amx_blocks``; formats "amx-Q4_1" and "amx-Q8_0"): where th
 AVX512-BF16, a GGUF file's Q4_1 and Q8_0 rows (N % 16 == 0) are tiled too. Their 4- and 8-bit integers
 are exact in bf16, so tiles multiply them by x's three exact bf16 parts block by block, and an AVX-512
 epilogue applies each block's d (and m times the block's sum of x): the dequantized values, rounded
-elsewhere than the AVX-512 loop rounds. A pass then costs about the same for 1 to 16 rows: on the AMX
-Xeon SmolLM2's verify(8) / decode(1) went from 2.4 to 1.5 and served tokens/s at concurrency 16 from
-~120 to ~230, while one row (plain decoding of a lone request) costs ~18% more than on the AVX-512 loop
-(docs/results.md). One process multiplies every pass the same way, so VERISPEC_AMX_BLOCKS=0 (read when
-weights are packed) keeps the loops for a process that decodes lone requests without speculation.
+elsewhere than the AVX-512 loop rounds. A pass then costs about the same for 1 to 16 rows, which makes
+verification and batches cheap, while one row (plain decoding of a lone request) costs more than on the
+AVX-512 loop (figures: docs/results.md). One process multiplies every pass the same way, so
+VERISPEC_AMX_BLOCKS=0 (read when weights are packed) keeps the loops for a process that decodes lone
+requests without speculation.
 
 Fused decoder layers (``fused.py``, re-exported here): ``decoder_layer`` runs a whole Llama decoder layer
 of a pass of up to ``max_fused()`` rows in one call (the native model's ``run_layers`` uses it where
