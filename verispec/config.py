@@ -144,6 +144,7 @@ class SpecConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     exit_layer: int = 2  # early_exit: layers that draft
+    lookup: int = 0  # chains: >= 1 drafts a round from a repeat of the context's last `lookup`+ tokens first
     draft_vocab: int | None = None  # draft model: propose only token ids < N (None: its whole vocabulary)
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -162,6 +163,11 @@ class SpecConfig:
             raise SamplingError(f"draft_vocab must be >= 1 (or None for the whole vocabulary), got {self.draft_vocab}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SamplingError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.lookup < 0:
+            raise SamplingError(f"lookup must be >= 0 (0: off), got {self.lookup}")
+        if self.lookup and (self.method != "chain" or self.drafter == "ngram"):
+            raise SamplingError("--lookup puts a context lookup before a chain's drafter (model, self or eagle); "
+                                "drop --lookup" + (" or --tree" if self.method == "tree" else ""))
         if self.drafter == "early_exit" and self.method == "tree":
             raise SamplingError("self-speculation (early exit) drafts chains only; drop --tree")
         if self.method == "tree":

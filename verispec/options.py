@@ -57,6 +57,11 @@ def add_shape_options(parser: argparse.ArgumentParser) -> None:
                         help=f"ngram: longest pattern tried (default {DEFAULTS.ngram_max})")
     parser.add_argument("--ngram-min", type=int, default=DEFAULTS.ngram_min,
                         help=f"ngram: shortest pattern tried (default {DEFAULTS.ngram_min})")
+    parser.add_argument("--lookup", type=int, default=DEFAULTS.lookup, metavar="N",
+                        help="chains of a draft model, eagle or self: a round whose last N or more tokens "
+                             "(up to 8) occurred earlier in the context drafts what followed them there "
+                             "(prompt lookup, free), other rounds ask the drafter; 3 is a good N (default "
+                             f"{DEFAULTS.lookup}: off)")
     parser.add_argument("--sibling-mode", choices=["deterministic", "iid", "without_replacement"],
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
@@ -93,7 +98,8 @@ def spec_from_args(args):
     return SpecConfig(method=shape, gamma=args.gamma, gamma_policy=policy,
                       tree=args.tree or DEFAULTS.tree, sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit", "eagle": "eagle"}.get(args.method, "model"),
-                      ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer)
+                      ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
+                      lookup=args.lookup)
 
 
 def eagle_args(args, spec) -> dict:

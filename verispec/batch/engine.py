@@ -20,6 +20,7 @@ from verispec.config import SpecConfig
 from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
 from verispec.drafters.base import Drafter
 from verispec.drafters.eagle import EagleDrafter
+from verispec.drafters.lookup_first import LookupFirst
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import VerispecError
 from verispec.grammar import FORCED_DRAFTS
@@ -72,7 +73,8 @@ class BatchEngine:
         cache_len = self.max_len + self._slack(spec)
         self.cache = target.new_cache(max_batch, cache_len)
         batched = spec.enabled and make_drafter is None and spec.drafter in ("model", "eagle") \
-            and spec.method == "chain"  # chains of a draft model or an EAGLE head: drafted for all rows at once
+            and spec.method == "chain" and not spec.lookup  # chains of a draft model or an EAGLE head: drafted
+        # for all rows at once (with --lookup each row drafts on its own: a row may look up, another not)
         self.draft = (BatchedEagle(eagle, max_batch, cache_len) if spec.drafter == "eagle" else BatchedDraft(
             RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault)) if batched else None
         make_drafter = make_drafter or self._drafter_maker(draft, eagle, cache_len)
@@ -100,6 +102,12 @@ class BatchEngine:
         return widest + FORCED_DRAFTS + CATCH_UP_ALONE + PREDICTION_SLACK + 2
 
     def _drafter_maker(self, draft, eagle, cache_len: int):
+        make = self._inner_maker(draft, eagle, cache_len)
+        if self.spec.lookup:
+            return lambda: LookupFirst(make(), min_n=self.spec.lookup)
+        return make
+
+    def _inner_maker(self, draft, eagle, cache_len: int):
         spec, target = self.spec, self.target
         if spec.drafter == "ngram":
             return lambda: NgramDrafter(spec.ngram_max, spec.ngram_min)

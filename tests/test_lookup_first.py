@@ -1,0 +1,145 @@
+"""Lookup first (``--lookup N``): a repeat of the context drafts the repeat, other rounds ask the drafter;
+greedy output equals plain decoding alone and batched, sampled sequences follow the target, and the
+option is refused where it means nothing."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_batch import models, run_batched  # noqa: F401 (fixture)
+from test_batch_drafters import drafter_for, head  # noqa: F401 (fixture)
+from test_engine import plain
+from test_engine_statistical import SETTINGS, agreement, exact_target_distribution, tiny_pair  # noqa: F401
+from verispec.batch import BatchEngine, BatchRequest
+from verispec.bench.config import SpecSettings, parse_variant
+from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters import DraftModelDrafter
+from verispec.drafters.base import DrafterBase, Proposal
+from verispec.drafters.lookup_first import LookupFirst
+from verispec.engine import SpecEngine
+from verispec.errors import SamplingError
+
+GREEDY = SamplingParams(temperature=0)
+
+
+class Recorder(DrafterBase):
+    """An inner drafter that always proposes token 7 and records what it was asked."""
+
+    def __init__(self):
+        self.asked: list[tuple[int, int]] = []  # (context length, num_drafts)
+        self.commits = 0
+
+    def reset(self):
+        self.asked, self.commits = [], 0
+
+    def commit(self, context):
+        self.commits += 1
+
+    def propose(self, context, num_drafts, sampling, generator):
+        self.asked.append((len(context), num_drafts))
+        return Proposal(torch.full((num_drafts,), 7, dtype=torch.long), None)
+
+
+def test_a_repeat_drafts_what_followed_it_and_anything_else_asks_the_drafter():
+    inner = Recorder()
+    drafter = LookupFirst(inner, min_n=2)
+    repeat = drafter.propose([1, 2, 3, 4, 5, 1, 2], 3, GREEDY, None)
+    assert repeat.tokens.tolist() == [3, 4, 5] and repeat.probs is None and drafter.looked_up
+    assert inner.asked == []  # the drafter was not asked
+    fresh = drafter.propose([1, 2, 3, 4, 5, 9, 2], 3, GREEDY, None)  # "9 2" never occurred: no repeat of 2+
+    assert fresh.tokens.tolist() == [7, 7, 7] and inner.asked == [(7, 3)] and not drafter.looked_up
+    drafter.commit([1, 2, 3])
+    assert inner.commits == 1  # commits always reach the drafter (its state follows the context)
+    assert drafter.lookups == 1
+    drafter.reset()
+    assert drafter.lookups == 0 and inner.asked == []
+
+
+def test_the_drafter_behind_a_lookup_can_be_held_to_fewer_drafts():
+    inner = Recorder()
+    drafter = LookupFirst(inner, min_n=2, inner_drafts=2)
+    assert drafter.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, GREEDY, None).tokens.tolist() == [3, 4, 5, 6]
+    assert drafter.propose([1, 2, 3, 4, 5, 6, 9, 2], 4, GREEDY, None).tokens.tolist() == [7, 7]
+    assert inner.asked == [(8, 2)]
+
+
+def test_one_shared_token_is_not_a_repeat_at_the_default_length():
+    inner = Recorder()
+    LookupFirst(inner).propose([5, 6, 7, 8, 6], 2, GREEDY, None)  # "6" recurs, but one token is weak evidence
+    assert inner.asked == [(5, 2)]
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "early_exit"])
+def test_greedy_output_equals_plain_decoding(models, head, drafter):  # noqa: F811
+    target, draft = models
+    spec = SpecConfig(gamma=3, drafter=drafter, lookup=2, exit_layer=1)
+    prompt = [3, 14, 15, 9, 26, 5, 3, 14, 15, 9, 26, 5, 3, 14]  # repeats: some rounds look up
+    engine = SpecEngine(target, LookupFirst(drafter_for(spec, target, draft, head), min_n=2))
+    result = engine.generate(prompt, GREEDY, spec, StopRules(max_tokens=40))
+    assert result.tokens == plain(target, prompt, max_tokens=40).tokens
+    assert engine.drafter.lookups > 0 and result.stats.drafted > engine.drafter.lookups  # both kinds of rounds
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_batched_rows_decode_as_plain_decoding_does(models, head, drafter):  # noqa: F811
+    """Through the server's engine: each row looks up or asks its own drafter, and greedy output equals
+    plain decoding for every request (a batch of 4 over 10 requests)."""
+    target, draft = models
+    spec = SpecConfig(gamma=3, drafter=drafter, lookup=2)
+    rng = random.Random(3)
+    queue = []
+    for i in range(10):
+        motif = [rng.randrange(64) for _ in range(4)]
+        queue.append(BatchRequest(str(i), motif * 3 + [rng.randrange(64)], GREEDY, StopRules(max_tokens=12)))
+    engine = BatchEngine(target, draft, spec, max_batch=4, eagle=head)
+    assert engine.draft is None and isinstance(engine.own.free[0], LookupFirst)
+    out, finished = run_batched(engine, queue)
+    assert len(finished) == len(queue)
+    for request in queue:
+        assert out[request.request_id] == plain(target, request.prompt_ids, max_tokens=12).tokens
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
+def test_sampled_sequences_follow_the_target(tiny_pair, sampling):  # noqa: F811
+    """Rounds of point-mass lookups (any shared token counts: min_n 1 over a 4-token vocabulary) and rounds
+    of the draft model's sampled drafts, mixed within requests: the sequences still follow the target."""
+    target, draft = tiny_pair
+    expected = exact_target_distribution(target, sampling)
+    drafter = LookupFirst(DraftModelDrafter(draft), min_n=1, max_n=2)
+    engine = SpecEngine(target, drafter)
+    spec = SpecConfig(gamma=2, lookup=1)
+    counts, lookups, drafted = {}, 0, 0
+    for seed in range(2000):
+        result = engine.generate([1, 2, 3, 0, 2], sampling, spec, StopRules(max_tokens=4), seed=seed)
+        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
+        lookups += drafter.lookups
+        drafted += len(result.stats.rounds)
+    assert 0 < lookups < drafted  # both kinds of rounds ran
+    p_value, tv, bound = agreement(expected, counts)
+    assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
+
+
+def test_lookup_is_refused_where_it_means_nothing():
+    with pytest.raises(SamplingError, match="--tree"):
+        SpecConfig(method="tree", lookup=3)
+    with pytest.raises(SamplingError, match="drop --lookup"):
+        SpecConfig(drafter="ngram", lookup=3)
+    with pytest.raises(SamplingError, match=">= 0"):
+        SpecConfig(lookup=-1)
+    run = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "hi", "--target", "tiny", "--tree",
+                          "s3_k2_d6", "--lookup", "3"], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_bench_variants_name_the_lookup():
+    variant = parse_variant("eagle+3:2", SpecSettings())
+    assert variant.spec.drafter == "eagle" and variant.spec.lookup == 3 and variant.spec.gamma == 2
+    assert parse_variant("self+2@3", SpecSettings()).spec.exit_layer == 3
+    assert parse_variant("chain:2", SpecSettings()).spec.lookup == 0
+    with pytest.raises(Exception, match="lookup first"):
+        parse_variant("ngram+3:2", SpecSettings())
