@@ -58,17 +58,20 @@ if args.aa:
 if args.gamma0:
     engines["gamma0"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
                                     max_batch=64, max_len=1024, gamma_policy=FixedGamma(0))
-reads = {"s": 0.0}
-adaptive = engines["adaptive"]
-original = adaptive.draft.catch_up_alone
-def timed(rows):
-    prompts_s, prompts, total_s, tokens = original(rows); reads["s"] += total_s; return prompts_s, prompts, total_s, tokens
-adaptive.draft.catch_up_alone = timed
-ran = []  # (bucket, gamma) per round the adaptive policy observed
-policy_observe = adaptive.gamma_policy.observe
-def observe(batch_size, gamma, *rest):
-    ran.append((AdaptiveGamma.bucket(batch_size), gamma)); policy_observe(batch_size, gamma, *rest)
-adaptive.gamma_policy.observe = observe
+reads = {}  # variant -> seconds its draft spent in catch-up and prompt reads this run
+ran = {}  # variant -> (bucket, gamma) per round its policy observed
+def instrument(name, engine):
+    reads[name], ran[name] = 0.0, []
+    original, policy_observe = engine.draft.catch_up_alone, engine.gamma_policy.observe
+    def timed(rows):
+        prompts_s, prompts, total_s, tokens = original(rows); reads[name] += total_s
+        return prompts_s, prompts, total_s, tokens
+    def observe(batch_size, gamma, *rest):
+        ran[name].append((AdaptiveGamma.bucket(batch_size), gamma)); policy_observe(batch_size, gamma, *rest)
+    engine.draft.catch_up_alone, engine.gamma_policy.observe = timed, observe
+for name in ("adaptive", "eagle"):
+    if name in engines:
+        instrument(name, engines[name])
 freeze_long_lived_objects()  # as verispec serve does
 
 def runs_of(rounds):
@@ -105,15 +108,16 @@ for repeat in range(args.repeats):
         shift = (repeat + points.index(c)) % len(names)
         order = names[shift:] + names[:shift]
         for name in order:
-            reads["s"] = 0.0
-            ran.clear()
+            if name in reads:
+                reads[name] = 0.0
+                ran[name].clear()
             rate, cpu_rate, rounds = run(engines[name], c)
             results[(name, c)].append(rate)
             cpu_results[(name, c)].append(cpu_rate)
-            extra = f" catch-up/prompt reads {reads['s']*1e3:.0f} ms" if name == "adaptive" else ""
+            extra = f" catch-up/prompt reads {reads[name]*1e3:.0f} ms" if name in reads else ""
             print(f"rep {repeat} c{c:<3} {name:9s} {rate:7.1f} tok/s (per CPU s {cpu_rate:7.1f})  {rounds} rounds{extra}", flush=True)
-            if args.trace and name == "adaptive":
-                print("    " + runs_of(ran), flush=True)
+            if args.trace and name in ran:
+                print("    " + runs_of(ran[name]), flush=True)
 for label, table in (("wall", results), ("CPU", cpu_results)):
     for name in list(engines)[1:]:
         print(f"\n{label} time: concurrency  off tok/s  {name} tok/s  ratio (median of per-repeat ratios)")
