@@ -85,23 +85,35 @@ def test_greedy_output_equals_plain_decoding(models, head, drafter):  # noqa: F8
     assert engine.drafter.lookups > 0 and result.stats.drafted > engine.drafter.lookups  # both kinds of rounds
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=8)], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("drafter", ["model", "eagle"])
-def test_batched_rows_decode_as_plain_decoding_does(models, head, drafter):  # noqa: F811
-    """Through the server's engine: each row looks up or asks its own drafter, and greedy output equals
-    plain decoding for every request (a batch of 4 over 10 requests)."""
+def test_batched_rows_decode_as_each_would_alone(models, head, drafter, sampling):  # noqa: F811
+    """Through the server's engine (the batched draft drafts for the rows without a repeat): every request
+    gets the tokens it gets alone with LookupFirst over its own drafter, sampled ones included, and
+    greedy ones equal plain decoding (a batch of 4 over 10 requests)."""
     target, draft = models
     spec = SpecConfig(gamma=3, drafter=drafter, lookup=2)
     rng = random.Random(3)
     queue = []
     for i in range(10):
         motif = [rng.randrange(64) for _ in range(4)]
-        queue.append(BatchRequest(str(i), motif * 3 + [rng.randrange(64)], GREEDY, StopRules(max_tokens=12)))
+        queue.append(BatchRequest(str(i), motif * 3 + [rng.randrange(64)], sampling, StopRules(max_tokens=12),
+                                  seed=i))
     engine = BatchEngine(target, draft, spec, max_batch=4, eagle=head)
-    assert engine.draft is None and isinstance(engine.own.free[0], LookupFirst)
+    assert engine.draft is not None and engine.lookup is not None
+    hits, lookup = [], engine.lookup.lookup
+    engine.lookup.lookup = lambda context, count: hits.append(lookup(context, count)) or hits[-1]
     out, finished = run_batched(engine, queue)
+    assert any(hits) and not all(hits)  # rounds of both kinds
     assert len(finished) == len(queue)
+    rounds = [r for event in finished.values() for r in event.stats.rounds]
     for request in queue:
-        assert out[request.request_id] == plain(target, request.prompt_ids, max_tokens=12).tokens
+        solo = SpecEngine(target, LookupFirst(drafter_for(spec, target, draft, head), min_n=2))
+        alone = solo.generate(request.prompt_ids, sampling, spec, request.stop, seed=request.seed).tokens
+        assert out[request.request_id] == alone
+        if sampling.greedy:
+            assert alone == plain(target, request.prompt_ids, max_tokens=12).tokens
+    assert sum(r.drafted for r in rounds) > 0
 
 
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])

@@ -25,8 +25,9 @@ PROMPTS = ["Hello", "The cat", "def f(x):", "1, 2, 3,", "abc abc abc"]
 @pytest.mark.parametrize("spec", [SpecConfig(method="tree", tree="s3_k2_d6"),
                                   SpecConfig(method="tree", tree="dynamic:6"),
                                   SpecConfig(method="tree", tree="s2_k2_d4", drafter="ngram"),
-                                  SpecConfig(gamma=2, drafter="early_exit", exit_layer=1)],
-                         ids=["tree", "dynamic", "ngram-tree", "self"])
+                                  SpecConfig(gamma=2, drafter="early_exit", exit_layer=1),
+                                  SpecConfig(gamma=3, lookup=2)],
+                         ids=["tree", "dynamic", "ngram-tree", "self", "lookup"])
 def test_every_method_is_served_losslessly(pair, spec):  # noqa: F811
     with serving(create_app(pair, spec, ServerConfig(max_batch=3, timeout_s=60))) as live:
         client = live.client()
@@ -60,6 +61,8 @@ def serve_args(*argv: str) -> argparse.Namespace:
      SpecConfig(method="tree", tree="s3_k2_d6", drafter="eagle", sibling_mode="iid")),
     (["--method", "chain", "--gamma", "6"], SpecConfig(gamma=6, gamma_policy="adaptive")),
     (["--method", "chain", "--gamma-policy", "fixed"], SpecConfig()),
+    (["--method", "eagle", "--lookup", "3", "--gamma", "2"],
+     SpecConfig(gamma=2, drafter="eagle", lookup=3, gamma_policy="adaptive")),
     (["--no-spec"], SpecConfig(method="none")),
 ])
 def test_serve_spells_methods_and_shapes_as_generate(argv, expected):

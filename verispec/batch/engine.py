@@ -15,12 +15,11 @@ from verispec.batch.eagle import BatchedEagle
 from verispec.batch.row_loop import RowLoop
 from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob, check_request,
                                      token_logprobs)
-from verispec.batch.rows import RowDrafters, propose_own, tree_inputs
+from verispec.batch.rows import RowDrafters, drafter_maker, propose_own, tree_inputs
 from verispec.config import SpecConfig
-from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
+from verispec.drafters import NgramDrafter
 from verispec.drafters.base import Drafter
-from verispec.drafters.eagle import EagleDrafter
-from verispec.drafters.lookup_first import LookupFirst
+from verispec.drafters.lookup_first import LOOKUP_MAX_N
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import VerispecError
 from verispec.grammar import FORCED_DRAFTS
@@ -73,11 +72,13 @@ class BatchEngine:
         cache_len = self.max_len + self._slack(spec)
         self.cache = target.new_cache(max_batch, cache_len)
         batched = spec.enabled and make_drafter is None and spec.drafter in ("model", "eagle") \
-            and spec.method == "chain" and not spec.lookup  # chains of a draft model or an EAGLE head: drafted
-        # for all rows at once (with --lookup each row drafts on its own: a row may look up, another not)
+            and spec.method == "chain"  # chains of a draft model or an EAGLE head: drafted for all rows at once
+        # --lookup: rows whose context repeats draft the repeat; the batched draft drafts for the others
+        self.lookup = NgramDrafter(max_n=max(LOOKUP_MAX_N, spec.lookup), min_n=spec.lookup) \
+            if batched and spec.lookup else None
         self.draft = (BatchedEagle(eagle, max_batch, cache_len) if spec.drafter == "eagle" else BatchedDraft(
             RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault)) if batched else None
-        make_drafter = make_drafter or self._drafter_maker(draft, eagle, cache_len)
+        make_drafter = make_drafter or drafter_maker(spec, target, draft, eagle, cache_len)
         self.own = RowDrafters(make_drafter) if spec.enabled and not batched else None
         if self.own is not None:  # build one now: a drafter that cannot be built fails here, not per request
             self.own.release(self.own.acquire())
@@ -100,22 +101,6 @@ class BatchEngine:
     def _slack(spec: SpecConfig) -> int:
         widest = max(spec.gamma, spec.max_drafts, spec.tree_shape.cache_positions if spec.method == "tree" else 0)
         return widest + FORCED_DRAFTS + CATCH_UP_ALONE + PREDICTION_SLACK + 2
-
-    def _drafter_maker(self, draft, eagle, cache_len: int):
-        make = self._inner_maker(draft, eagle, cache_len)
-        if self.spec.lookup:
-            return lambda: LookupFirst(make(), min_n=self.spec.lookup)
-        return make
-
-    def _inner_maker(self, draft, eagle, cache_len: int):
-        spec, target = self.spec, self.target
-        if spec.drafter == "ngram":
-            return lambda: NgramDrafter(spec.ngram_max, spec.ngram_min)
-        if spec.drafter == "early_exit":
-            return lambda: EarlyExitDrafter(target, spec.exit_layer)
-        if spec.drafter == "eagle":
-            return lambda: EagleDrafter(eagle, cache_len)
-        return lambda: DraftModelDrafter(draft, cache_len, vocab_limit=spec.draft_vocab)
 
     @property
     def active(self) -> int:
@@ -215,13 +200,18 @@ class BatchEngine:
         num_drafts = [0 if sequence.prediction else self._drafts_allowed(sequence, gamma) for sequence in self.rows]
         trees: list[TokenTree | None] = [None] * len(self.rows)
         reads = (0.0, 0, 0.0, 0)
-        if self.draft is not None and max(num_drafts):
+        repeats = self._repeats(num_drafts)  # --lookup: a row's repeat, drafted instead of the batched draft's
+        asked = [0 if repeat else count for count, repeat in zip(num_drafts, repeats)]
+        if self.draft is not None and max(asked):
             reads = self.draft.catch_up_alone(self.rows)
-            drafts, draft_probs = self.draft.propose(self.rows, num_drafts)
+            drafts, draft_probs = self.draft.propose(self.rows, asked)
         elif self.own is not None:
             drafts, draft_probs, trees, reads = self._propose_own(num_drafts)
         else:
             drafts, draft_probs = [[] for _ in self.rows], [None] * len(self.rows)
+        for row, repeat in enumerate(repeats):
+            if repeat:
+                drafts[row], draft_probs[row] = repeat, None
         for row, sequence in enumerate(self.rows):
             if sequence.prediction is not None:
                 drafts[row] = sequence.prediction.lookup(
@@ -255,6 +245,13 @@ class BatchEngine:
             return self.draft.backlog(self.rows)
         drafting = [s for s in self.rows if s.prediction is None]
         return Backlog(sum(s.drafter.unread(s.context) for s in drafting), sum(s.remaining for s in drafting))
+
+    def _repeats(self, num_drafts: list[int]) -> list[list[int]]:
+        """Per row, what followed an earlier occurrence of its context's last tokens (``--lookup``, for the
+        batched draft; each row's own drafter looks up itself), up to its drafts; [] where none."""
+        if self.lookup is None:
+            return [[] for _ in self.rows]
+        return [self.lookup.lookup(s.context, count) if count else [] for s, count in zip(self.rows, num_drafts)]
 
     def _drafts_allowed(self, sequence: Row, gamma: int) -> int:
         room = self.max_len - len(sequence.context) - 1

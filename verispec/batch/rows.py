@@ -17,7 +17,10 @@ import torch
 
 from verispec.batch.requests import Row
 from verispec.config import SpecConfig
+from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
 from verispec.drafters.base import Drafter, Proposal, check_drafter
+from verispec.drafters.eagle import EagleDrafter
+from verispec.drafters.lookup_first import LOOKUP_MAX_N, LookupFirst
 from verispec.tree import TokenTree, use_tree
 
 
@@ -35,6 +38,17 @@ class RowDrafters:
 
     def release(self, drafter: Drafter) -> None:
         self.free.append(drafter)
+
+
+def drafter_maker(spec: SpecConfig, target, draft, eagle, cache_len: int) -> Callable[[], Drafter]:
+    """What builds each row's own drafter for ``spec`` (behind a lookup with ``--lookup``)."""
+    make = {"ngram": lambda: NgramDrafter(spec.ngram_max, spec.ngram_min),
+            "early_exit": lambda: EarlyExitDrafter(target, spec.exit_layer),
+            "eagle": lambda: EagleDrafter(eagle, cache_len),
+            "model": lambda: DraftModelDrafter(draft, cache_len, vocab_limit=spec.draft_vocab)}[spec.drafter]
+    if spec.lookup:
+        return lambda: LookupFirst(make(), min_n=spec.lookup, max_n=LOOKUP_MAX_N)
+    return make
 
 
 def propose_own(sequence: Row, spec: SpecConfig, num_drafts: int, room: int, bind_view) -> Proposal:

@@ -23,10 +23,11 @@ from verispec.drafters.base import Drafter, DrafterBase, DraftReads, Proposal
 from verispec.drafters.ngram import NgramDrafter
 
 DEFAULT_MIN_N = 3  # the shortest repeat drafted from: experiments/lookup_first.py measures 2..4
+LOOKUP_MAX_N = 8  # the longest pattern looked up: the longest match wins
 
 
 class LookupFirst(DrafterBase):
-    def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = 8, inner_drafts: int | None = None):
+    def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = LOOKUP_MAX_N, inner_drafts: int | None = None):
         """``inner_drafts``: the most drafts the inner drafter proposes in a round (None: the round's own
         number, which a lookup drafts up to either way)."""
         self.inner, self.inner_drafts = inner, inner_drafts
