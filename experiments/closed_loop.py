@@ -5,10 +5,11 @@ across points as a server keeps its policy. Prints output tokens/s per point, th
 with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 
     OMP_NUM_THREADS=1 python experiments/closed_loop.py [--target smollm2] [--repeats 3] [--points 1,2,4,8,16,32,64]
-        [--trace] [--eagle shipped|DIR]
+        [--trace] [--eagle shipped|DIR [--lookup N]] [--aa]
 
 --eagle adds the adaptive policy over an EAGLE head's chains (drafted for all rows at once, as
-``verispec serve --method eagle`` runs them).
+``verispec serve --method eagle`` runs them); --lookup N with it adds the same with lookup first
+(``--lookup N``: rows whose context repeats draft the repeat).
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -32,6 +33,7 @@ ap.add_argument("--aa", action="store_true", help="add a second plain engine (an
 ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget variants to add, e.g. 0.005,0.01")
 ap.add_argument("--eagle", default=None, help="add an 'eagle' variant: the adaptive policy over this head's chains "
                 "(a head dir, or 'shipped' for the target's shipped head)")
+ap.add_argument("--lookup", type=int, default=0, help="with --eagle, add 'eagle+lookup': the same with --lookup N")
 args = ap.parse_args()
 pair = load_pair(args.target, need_eagle=args.eagle is not None,
                  eagle_dir=None if args.eagle in (None, "shipped") else args.eagle)
@@ -53,6 +55,10 @@ for budget in (float(b) for b in args.budget.split(",") if b):
 if args.eagle is not None:
     engines["eagle"] = BatchEngine(pair.target, None, SpecConfig(method="chain", gamma=4, drafter="eagle"), max_batch=64,
                                    max_len=1024, gamma_policy=AdaptiveGamma(max_gamma=4), eagle=pair.eagle)
+if args.eagle is not None and args.lookup:
+    engines["eagle+lookup"] = BatchEngine(pair.target, None, SpecConfig(method="chain", gamma=4, drafter="eagle",
+                                                                       lookup=args.lookup), max_batch=64,
+                                          max_len=1024, gamma_policy=AdaptiveGamma(max_gamma=4), eagle=pair.eagle)
 if args.aa:
     engines["off2"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="none"), max_batch=64, max_len=1024)
 if args.gamma0:
@@ -69,7 +75,7 @@ def instrument(name, engine):
     def observe(batch_size, gamma, *rest):
         ran[name].append((AdaptiveGamma.bucket(batch_size), gamma)); policy_observe(batch_size, gamma, *rest)
     engine.draft.catch_up_alone, engine.gamma_policy.observe = timed, observe
-for name in ("adaptive", "eagle"):
+for name in ("adaptive", "eagle", "eagle+lookup"):
     if name in engines:
         instrument(name, engines[name])
 freeze_long_lived_objects()  # as verispec serve does

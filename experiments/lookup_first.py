@@ -6,7 +6,11 @@ round, the share of rounds drafted by lookup, and whether each variant's greedy 
 decoding's.
 
     OMP_NUM_THREADS=1 python experiments/lookup_first.py --prompts 4 --tokens 128 --repeats 3
-        [--variants off,ngram:4,eagle:2,eagle+3:2,...]   (drafter[+N]:gamma; drafter eagle, model or ngram)
+        [--variants off,ngram:4,eagle:2,eagle+3:2,...]
+
+A variant is off or drafter[+N]:G[a][:I]: drafter eagle, model or ngram; +N lookup first with repeats of N+
+tokens; G drafts per round (with a: the adaptive policy, at most G); :I holds the drafter behind the
+lookup to I drafts a round (lookups still draft up to G).
 """
 
 import argparse
@@ -29,8 +33,8 @@ def spec_for(variant: str) -> SpecConfig:
         return SpecConfig(method="none")
     head, gamma = variant.split(":")[:2]
     drafter, _, lookup = head.partition("+")
-    return SpecConfig(method="chain", gamma=int(gamma), drafter=drafter, gamma_policy="fixed",
-                      lookup=int(lookup or 0), draft_vocab=None)
+    return SpecConfig(method="chain", gamma=int(gamma.rstrip("a")), drafter=drafter, lookup=int(lookup or 0),
+                      gamma_policy="adaptive" if gamma.endswith("a") else "fixed", draft_vocab=None)
 
 
 def main() -> None:

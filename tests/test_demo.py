@@ -29,9 +29,10 @@ def test_demo_runs_the_embedded_pair_and_speculation_is_lossless(capsys):
     assert {row["method"] for row in data["prompts"]} == {"chain", "tree", "ngram", "self"}
     assert all(row["identical"] for row in data["prompts"])
     code, out, _ = run(capsys, "demo", "--target", "tiny", "--prompts", "1", "--max-tokens", "8", "--threads", "1",
-                       "--json", "--methods", "eagle,eagle-tree")
+                       "--json", "--methods", "eagle,eagle-tree,eagle-lookup")
     rows = json.loads(out)["prompts"]
-    assert code == 0 and {row["method"] for row in rows} == {"eagle", "eagle-tree"} and all(r["identical"] for r in rows)
+    assert code == 0 and {row["method"] for row in rows} == {"eagle", "eagle-tree", "eagle-lookup"}
+    assert all(r["identical"] for r in rows)
     code, _, err = run(capsys, "demo", "--methods", "chain,beam")
     assert code == 2 and "beam" in err
     code, _, err = run(capsys, "demo", "--threads", "-1")
@@ -64,7 +65,7 @@ def test_method_specs_follow_the_order_given_once_each():
 
 
 @pytest.mark.parametrize("methods, message", [
-    ("chain,beam", "--methods: unknown beam; choose from chain, tree, ngram, self, eagle, eagle-tree"),
+    ("chain,beam", "--methods: unknown beam; choose from chain, tree, ngram, self, eagle, eagle-tree, eagle-lookup"),
     (" , ", "--methods: unknown (none given)"),
 ])
 def test_method_specs_refuse_unknown_methods(methods, message):

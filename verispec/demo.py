@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.drafters.lookup_first import DEFAULT_MIN_N as LOOKUP_MIN_N
 from verispec.errors import VerispecError
 from verispec.loading import (DATA_DIR, DEFAULT_TARGET_NAME, ModelPair, build_single, embedded_pair_available,
                               load_pair, resolve_draft_vocab)
@@ -107,7 +108,7 @@ def run_demo(args) -> int:
     return 0 if all(r["identical"] for r in rows) else 1
 
 
-DEMO_METHODS = ("chain", "tree", "ngram", "self", "eagle", "eagle-tree")
+DEMO_METHODS = ("chain", "tree", "ngram", "self", "eagle", "eagle-tree", "eagle-lookup")
 EAGLE_DEMO_TREE = "dynamic:8"  # the EAGLE head's tree in the demo
 
 
@@ -125,6 +126,7 @@ def method_specs(methods: str, gamma: int, tree: str, exit_layer: int) -> dict[s
         "self": lambda: SpecConfig(method="chain", gamma=gamma, drafter="early_exit", exit_layer=exit_layer),
         "eagle": lambda: SpecConfig(method="chain", gamma=gamma, drafter="eagle"),
         "eagle-tree": lambda: SpecConfig(method="tree", tree=EAGLE_DEMO_TREE, drafter="eagle"),
+        "eagle-lookup": lambda: SpecConfig(method="chain", gamma=gamma, drafter="eagle", lookup=LOOKUP_MIN_N),
     }
     return {name: build[name]() for name in dict.fromkeys(names)}
 
@@ -136,6 +138,8 @@ def _describe(name: str, spec: SpecConfig) -> str:
         return f"EAGLE head, tree {spec.tree}"
     if name == "eagle":
         return f"EAGLE head, chain gamma {spec.gamma}"
+    if name == "eagle-lookup":
+        return f"lookup first (repeats of {spec.lookup}+ tokens), else the EAGLE head, gamma {spec.gamma}"
     if name == "self":
         return f"self: first {spec.exit_layer} layers draft, gamma {spec.gamma}"
     return f"{name} gamma {spec.gamma}"
