@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct on this CPU: verispec (plain, chain with the shipped draft, chain with the shipped
-EAGLE head) against transformers
+EAGLE head, alone and behind a context lookup) against transformers
 (``generate()`` plain and with ``assistant_model=`` the same draft) and llama.cpp (``llama-cpp-python``
 on the very same GGUF file, plain and with its prompt-lookup drafting), one process, one run.
 
@@ -43,7 +43,8 @@ def verispec_systems(pair, tokens: int):
     vocab = resolve_draft_vocab(pair, "auto")
     specs = {"verispec plain": SpecConfig(method="none"),
              "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
-             "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle")}
+             "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle"),
+             "verispec eagle+lookup3 g3": SpecConfig(method="chain", gamma=3, drafter="eagle", lookup=3)}
     stop = StopRules(max_tokens=tokens, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
     systems = {}
     for name, spec in specs.items():
