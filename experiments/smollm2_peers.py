@@ -44,7 +44,7 @@ def verispec_systems(pair, tokens: int):
     specs = {"verispec plain": SpecConfig(method="none"),
              "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
              "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle"),
-             "verispec eagle+lookup3 g3": SpecConfig(method="chain", gamma=3, drafter="eagle", lookup=3)}
+             "verispec eagle+lookup3 g2": SpecConfig(method="chain", gamma=2, drafter="eagle", lookup=3)}
     stop = StopRules(max_tokens=tokens, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
     systems = {}
     for name, spec in specs.items():
