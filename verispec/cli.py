@@ -77,10 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smollm2 (default: the real model, its shipped draft) or tiny (the embedded pair)")
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     demo.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    demo.add_argument("--methods", default="chain,tree,eagle,ngram",
+    demo.add_argument("--methods", default="chain,tree,eagle,eagle-lookup,ngram",
                       help="comma-separated, each compared with plain decoding: chain, tree (the draft model), "
                            "eagle, eagle-tree, eagle-lookup (the EAGLE head: chain, dynamic:8 tree, chain behind "
-                           "--lookup 3), ngram, self (default chain,tree,eagle,ngram)")
+                           "--lookup 3), ngram, self (default chain,tree,eagle,eagle-lookup,ngram)")
     demo.add_argument("--gamma", type=int, default=DEFAULTS.gamma,
                       help=f"drafts per round of chain, ngram and self (default {DEFAULTS.gamma})")
     demo.add_argument("--tree", default=DEFAULTS.tree, help=f"tree shape for the tree method (default {DEFAULTS.tree})")
