@@ -63,10 +63,16 @@ class NgramDrafter(DrafterBase):
 
     def _continuations(self, context: list[int], length: int, limit: int):
         """Distinct continuations of up to ``length`` tokens, longest matching n first, then most recent."""
+        if len(context) < 2:
+            return
         found: set[tuple[int, ...]] = set()
+        last = context[-1]
+        # An earlier occurrence of any pattern ends on a copy of the last token: only those places are
+        # compared (most recent first), one pass over the context instead of one per pattern length.
+        ends = [end for end in range(len(context) - 2, -1, -1) if context[end] == last]
         for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
             pattern = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):  # most recent occurrence first
+            for start in (end - n + 1 for end in ends if end >= n - 1):
                 if context[start:start + n] == pattern:
                     continuation = tuple(context[start + n:start + n + length])
                     if continuation and continuation not in found:
