@@ -16,7 +16,7 @@ from verispec.drafters.cross_vocab import CrossVocabDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
-from verispec.drafters.lookup_first import LookupFirst
+from verispec.drafters.lookup_first import behind_lookup
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpecEngine
 from verispec.errors import CheckpointError
@@ -58,8 +58,8 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
             raise CheckpointError(f"--method {spec.method} needs a draft model; pass --draft DIR or use --no-spec")
         drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab) if pair.bridge is None \
             else CrossVocabDrafter(pair.draft, pair.bridge, vocab_limit=spec.draft_vocab)
-    if drafter is not None and spec.lookup:
-        drafter = LookupFirst(drafter, min_n=spec.lookup)
+    if drafter is not None:
+        drafter = behind_lookup(drafter, spec.lookup)
     tokenizer = pair.tokenizer
     policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
     return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -73,9 +73,7 @@ def row_drafter(pair: ModelPair, spec: SpecConfig):
     if not (spec.enabled and spec.drafter == "model") or pair.bridge is None or pair.draft is None:
         return None
     draft, bridge, vocab_limit = pair.draft, pair.bridge, spec.draft_vocab
-    if spec.lookup:
-        return lambda: LookupFirst(CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit), min_n=spec.lookup)
-    return lambda: CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit)
+    return lambda: behind_lookup(CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit), spec.lookup)
 
 
 def build_single(pair: ModelPair, spec: SpecConfig):

@@ -17,9 +17,8 @@ from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, R
                                      token_logprobs)
 from verispec.batch.rows import RowDrafters, drafter_maker, propose_own, tree_inputs
 from verispec.config import SpecConfig
-from verispec.drafters import NgramDrafter
 from verispec.drafters.base import Drafter
-from verispec.drafters.lookup_first import LOOKUP_MAX_N
+from verispec.drafters.lookup_first import repeat_finder
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import VerispecError
 from verispec.grammar import FORCED_DRAFTS
@@ -74,8 +73,7 @@ class BatchEngine:
         batched = spec.enabled and make_drafter is None and spec.drafter in ("model", "eagle") \
             and spec.method == "chain"  # chains of a draft model or an EAGLE head: drafted for all rows at once
         # --lookup: rows whose context repeats draft the repeat; the batched draft drafts for the others
-        self.lookup = NgramDrafter(max_n=max(LOOKUP_MAX_N, spec.lookup), min_n=spec.lookup) \
-            if batched and spec.lookup else None
+        self.lookup = repeat_finder(spec.lookup) if batched and spec.lookup else None
         self.draft = (BatchedEagle(eagle, max_batch, cache_len) if spec.drafter == "eagle" else BatchedDraft(
             RowLoop.wrap(draft), max_batch, cache_len, spec.draft_vocab, self.fault)) if batched else None
         make_drafter = make_drafter or drafter_maker(spec, target, draft, eagle, cache_len)

@@ -20,7 +20,7 @@ from verispec.config import SpecConfig
 from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.drafters.eagle import EagleDrafter
-from verispec.drafters.lookup_first import LOOKUP_MAX_N, LookupFirst
+from verispec.drafters.lookup_first import behind_lookup
 from verispec.tree import TokenTree, use_tree
 
 
@@ -46,9 +46,7 @@ def drafter_maker(spec: SpecConfig, target, draft, eagle, cache_len: int) -> Cal
             "early_exit": lambda: EarlyExitDrafter(target, spec.exit_layer),
             "eagle": lambda: EagleDrafter(eagle, cache_len),
             "model": lambda: DraftModelDrafter(draft, cache_len, vocab_limit=spec.draft_vocab)}[spec.drafter]
-    if spec.lookup:
-        return lambda: LookupFirst(make(), min_n=spec.lookup, max_n=LOOKUP_MAX_N)
-    return make
+    return (lambda: behind_lookup(make(), spec.lookup)) if spec.lookup else make
 
 
 def propose_own(sequence: Row, spec: SpecConfig, num_drafts: int, room: int, bind_view) -> Proposal:

@@ -22,16 +22,17 @@ from verispec.config import SamplingParams
 from verispec.drafters.base import Drafter, DrafterBase, DraftReads, Proposal
 from verispec.drafters.ngram import NgramDrafter
 
-DEFAULT_MIN_N = 3  # the shortest repeat drafted from: experiments/lookup_first.py measures 2..4
+DEFAULT_MIN_N = 3  # the shortest repeat drafted from (experiments/lookup_first.py compares 2 and 3)
 LOOKUP_MAX_N = 8  # the longest pattern looked up: the longest match wins
 
 
 class LookupFirst(DrafterBase):
-    def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = LOOKUP_MAX_N, inner_drafts: int | None = None):
+    def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = LOOKUP_MAX_N,
+                 inner_drafts: int | None = None):
         """``inner_drafts``: the most drafts the inner drafter proposes in a round (None: the round's own
         number, which a lookup drafts up to either way)."""
         self.inner, self.inner_drafts = inner, inner_drafts
-        self.lookup = NgramDrafter(max_n=max(max_n, min_n), min_n=min_n)
+        self.lookup = repeat_finder(min_n, max_n)
         self.shares_target_cache = inner.shares_target_cache
         self.wants_features = inner.wants_features
         self.max_context = inner.max_context
@@ -67,3 +68,13 @@ class LookupFirst(DrafterBase):
         if self.inner_drafts is not None:
             num_drafts = min(num_drafts, self.inner_drafts)
         return self.inner.propose(context, num_drafts, sampling, generator)
+
+
+def repeat_finder(min_n: int, max_n: int = LOOKUP_MAX_N) -> NgramDrafter:
+    """What looks up a context's repeats of ``min_n``.. ``max_n`` tokens (longest, then most recent)."""
+    return NgramDrafter(max_n=max(max_n, min_n), min_n=min_n)
+
+
+def behind_lookup(drafter: Drafter, lookup: int) -> Drafter:
+    """``drafter`` behind a lookup of repeats of ``lookup``+ tokens (``SpecConfig.lookup``); unchanged for 0."""
+    return LookupFirst(drafter, min_n=lookup) if lookup else drafter
