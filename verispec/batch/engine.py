@@ -15,14 +15,14 @@ from verispec.batch.eagle import BatchedEagle
 from verispec.batch.row_loop import RowLoop
 from verispec.batch.requests import (LOGPROBS_MODES, BatchEvent, BatchRequest, Row, TokenLogprob, check_request,
                                      token_logprobs)
-from verispec.batch.rows import RowDrafters, drafter_maker, propose_own, tree_inputs
+from verispec.batch.rows import RowDrafters, drafter_maker, guide_rows, propose_own, tree_inputs
 from verispec.config import SpecConfig
 from verispec.drafters.base import Drafter
 from verispec.drafters.lookup_first import repeat_finder
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.errors import VerispecError
 from verispec.grammar import FORCED_DRAFTS
-from verispec.guide import Guide, with_point_masses
+from verispec.guide import Guide
 from verispec.models.eagle import EagleHead
 from verispec.models.llama import LlamaForCausalLM
 from verispec.sampling import greedy_ids, logits_to_probs, sample_from
@@ -214,7 +214,7 @@ class BatchEngine:
             if sequence.prediction is not None:
                 drafts[row] = sequence.prediction.lookup(
                     sequence.generated, self._drafts_allowed(sequence, sequence.prediction.drafts))
-        masks = self._guide(drafts, draft_probs, trees)
+        masks = guide_rows(self.rows, drafts, draft_probs, trees, self.max_len)
         drafted_at = time.perf_counter()
         verdicts, logprobs = self._verify(drafts, draft_probs, trees, masks)
         verified_at = time.perf_counter()
@@ -277,28 +277,6 @@ class BatchEngine:
                 reads_s += read.prompt_s + read.backlog_s
                 read_tokens += read.tokens
         return drafts, probs, trees, (prompts_s, prompts, reads_s, read_tokens)
-
-    def _guide(self, drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
-               trees: list[TokenTree | None]) -> list:
-        """For chain rows under a grammar: their drafts cut at the first one it forbids (in place) and the
-        masks (k + 1, V) of the rows that verify them; None for the other rows (a tree's masks are built
-        when it is verified)."""
-        masks = []
-        for row, sequence in enumerate(self.rows):
-            guide = sequence.request.sampling.guide
-            if guide is None or trees[row] is not None:
-                masks.append(None)
-                continue
-            count = len(drafts[row])
-            room = min(FORCED_DRAFTS, sequence.remaining - 1 - count, self.max_len - len(sequence.context) - 1 - count)
-            allowed, forced, row_masks = guide.round_masks(drafts[row], max(0, room))
-            del drafts[row][allowed:]
-            if draft_probs[row] is not None:
-                draft_probs[row] = draft_probs[row][:allowed] if allowed else None
-            draft_probs[row] = with_point_masses(draft_probs[row], forced)  # free drafts after drawn ones
-            drafts[row] += forced
-            masks.append(row_masks)
-        return masks
 
     def _target_pass(self, drafts: list[list[int]], trees: list[TokenTree | None]):
         """The verification pass over every row: logits (B, W, V) on the CPU, and the final features when a

@@ -21,6 +21,8 @@ from verispec.drafters import DraftModelDrafter, EarlyExitDrafter, NgramDrafter
 from verispec.drafters.base import Drafter, Proposal, check_drafter
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.lookup_first import behind_lookup
+from verispec.grammar import FORCED_DRAFTS
+from verispec.guide import with_point_masses
 from verispec.tree import TokenTree, use_tree
 
 
@@ -86,3 +88,26 @@ def tree_inputs(roots: list[int], drafts: list[list[int]], trees: list[TokenTree
             masks[row, :used, :used] = buffers.ancestor_mask
             depths[row, :used] = buffers.depths
     return fed, masks, depths
+
+
+def guide_rows(rows: list[Row], drafts: list[list[int]], draft_probs: list[torch.Tensor | None],
+               trees: list[TokenTree | None], max_len: int) -> list:
+    """For chain rows under a grammar: their drafts cut at the first one it forbids and its forced tokens
+    appended as free drafts (``drafts`` and ``draft_probs`` changed in place), and the masks (k + 1, V) of
+    the rows that verify them; None for the other rows (a tree's masks are built when it is verified)."""
+    masks = []
+    for row, sequence in enumerate(rows):
+        guide = sequence.request.sampling.guide
+        if guide is None or trees[row] is not None:
+            masks.append(None)
+            continue
+        count = len(drafts[row])
+        room = min(FORCED_DRAFTS, sequence.remaining - 1 - count, max_len - len(sequence.context) - 1 - count)
+        allowed, forced, row_masks = guide.round_masks(drafts[row], max(0, room))
+        del drafts[row][allowed:]
+        if draft_probs[row] is not None:
+            draft_probs[row] = draft_probs[row][:allowed] if allowed else None
+        draft_probs[row] = with_point_masses(draft_probs[row], forced)  # free drafts after drawn ones
+        drafts[row] += forced
+        masks.append(row_masks)
+    return masks
