@@ -14,8 +14,8 @@ def test_formats_are_told_apart_by_dtype():
                                                         "Q4_1 pairs", "amx-Q4_1", "amx-Q8_0"]
     assert sorted(form.wtype for form in FORMATS.values()) == list(range(10))  # the C source's weight types
     assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}  # a GGUF file's rows as stored
-    assert AMX_BLOCKS == {"Q4_1": torch.uint64, "Q8_0": torch.uint32}  # the same rows tiled for AMX
-    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS, torch.uint64, torch.uint32)
+    assert AMX_BLOCKS == {"Q4_1": torch.float8_e4m3fn, "Q8_0": torch.uint32}  # the same rows tiled for AMX
+    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS, torch.float8_e4m3fn, torch.uint32)
     assert FORMATS[PAIRS].name == "Q4_1 pairs"
     assert block_bytes("Q4_1") == 20 and block_bytes("Q8_0") == 34  # fp16 d (and m), then 16 or 32 bytes
 
@@ -25,7 +25,7 @@ def test_formats_are_told_apart_by_dtype():
     (torch.int8, 68), (torch.uint8, 68),  # an fp32 scale's 4 bytes, then the values
     (torch.int32, 10), (torch.uint16, 34),  # two GGUF blocks of 32 weights: 2 * 20 bytes, 2 * 34 bytes
     (torch.int64, 6),  # one Q4_1 pair: 48 bytes
-    (torch.uint64, 6), (torch.uint32, 18),  # two blocks tiled for AMX: 2 * 24 bytes, 2 * 36 bytes
+    (torch.float8_e4m3fn, 40), (torch.uint32, 18),  # two blocks tiled for AMX: 2 * 20 bytes, 2 * 36 bytes
 ])
 def test_packed_inputs_of_each_format(dtype, columns):
     assert packed_inputs(torch.zeros(16, columns, dtype=dtype)) == 64
@@ -45,7 +45,7 @@ def test_packed_inputs_refuses_what_no_format_can_be():
     with pytest.raises(ValueError, match="int8 weight"):
         packed_inputs(torch.zeros(4, 4, dtype=torch.int8))  # a scale and no values
     with pytest.raises(ValueError, match="amx-Q4_1 weight"):
-        packed_inputs(torch.zeros(8, 3, dtype=torch.uint64))  # tiles of 16 rows
+        packed_inputs(torch.zeros(8, 20, dtype=torch.uint8).view(torch.float8_e4m3fn))  # tiles of 16 rows
 
 
 def _half_bytes(value: float) -> torch.Tensor:
@@ -116,7 +116,7 @@ def test_int8_rows_hold_their_scale_then_values():
 
 def _amx_record(values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """One AMX record by the layout's definition (small_m_linear.c, "AMX for GGUF blocks"): 16 outputs' d
-    (and m) as fp32, then the 512 values of 16 x 32 inputs, word i of tile row kk being output i // 2 and
+    as fp32 (Q8_0), or d and m as fp16 (Q4_1), then the 512 values of 16 x 32 inputs, word i of tile row kk being output i // 2 and
     input 2 kk + i % 2; Q4_1 packs tile rows 2t and 2t + 1 as the low and high nibbles of bytes 32t + i."""
     words = torch.empty(16, 32, dtype=torch.int64)
     for kk in range(16):
@@ -126,7 +126,7 @@ def _amx_record(values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -
         body = words.to(torch.int8).view(torch.uint8).reshape(-1)
         return torch.cat([d.float().view(torch.uint8), body])
     body = (words[0::2] | (words[1::2] << 4)).to(torch.uint8).reshape(-1)
-    return torch.cat([d.float().view(torch.uint8), m.float().view(torch.uint8), body])
+    return torch.cat([d.view(torch.uint8), m.view(torch.uint8), body])
 
 
 def test_amx_tiles_dequantize_as_their_layout_says():
@@ -137,8 +137,8 @@ def test_amx_tiles_dequantize_as_their_layout_says():
     m = -torch.rand(16, generator=generator).half()
     nibbles = torch.randint(0, 16, (16, 32), generator=generator)
     record = _amx_record(nibbles, d, m)
-    assert record.numel() == 384 and 384 == 16 * 24  # 24 bytes per block of 32 weights
-    packed = record.view(torch.uint64).reshape(16, 3)
+    assert record.numel() == 320 and 320 == 16 * 20  # 20 bytes per block of 32 weights, as in the file
+    packed = record.view(torch.float8_e4m3fn).reshape(16, 20)
     expected = d.float()[:, None] * nibbles.float() + m.float()[:, None]
     assert torch.equal(dequantize_amx_blocks(packed), expected)
     q8 = torch.randint(-128, 128, (16, 32), generator=generator)

@@ -33,7 +33,8 @@ FORMATS = {
     torch.int32: Format(5, "Q4_1", 5, 32, 0, 1, 32),  # a GGUF row's bytes, 20 a block of 32 weights
     torch.uint16: Format(6, "Q8_0", 17, 32, 0, 1, 32),  # a GGUF row's bytes, 34 a block of 32 weights
     torch.int64: Format(7, "Q4_1 pairs", 6, 64, 0, 1, 64),  # Q4_1 rows repacked (``pair_blocks``), 48 bytes per 64
-    torch.uint64: Format(8, "amx-Q4_1", 3, 32, 0, 16, 32),  # tiled for AMX (``pack_amx_blocks``), 24 bytes per 32
+    # tiled for AMX (``pack_amx_blocks``), 20 bytes per 32: raw bytes a float8 dtype only tells apart
+    torch.float8_e4m3fn: Format(8, "amx-Q4_1", 20, 32, 0, 16, 32),
     torch.uint32: Format(9, "amx-Q8_0", 9, 32, 0, 16, 32),  # tiled for AMX (``pack_amx_blocks``), 36 bytes per 32
 }
 
@@ -44,7 +45,7 @@ WEIGHT_TYPES = {dtype: form.wtype for dtype, form in FORMATS.items()}  # C's wty
 # A GGUF file's own row formats: "Q4_1" -> int32, "Q8_0" -> uint16
 BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.inputs == 32 and form.rows_multiple == 1}
 PAIRS = torch.int64  # the "Q4_1 pairs" dtype: a GGUF file's Q4_1 rows as the AVX-512 loop reads them best
-AMX_BLOCKS = {"Q4_1": torch.uint64, "Q8_0": torch.uint32}  # GGUF rows tiled for AMX, by the file's format
+AMX_BLOCKS = {"Q4_1": torch.float8_e4m3fn, "Q8_0": torch.uint32}  # GGUF rows tiled for AMX, by the file's format
 GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS, *AMX_BLOCKS.values())  # packed weights that hold a GGUF file's values
 
 
@@ -132,19 +133,21 @@ def dequantize_pairs(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_amx_blocks(packed: torch.Tensor) -> torch.Tensor:
-    """GGUF rows tiled for AMX (``pack_amx_blocks`` in the C source: "amx-Q4_1" uint64 or "amx-Q8_0" uint32
-    (N, ...)) -> float32 (N, K): d * q + m (Q4_1) or d * q (Q8_0), each rounded once to fp32 as
-    ``dequantize_blocks`` rounds them."""
+    """GGUF rows tiled for AMX (``pack_amx_blocks`` in the C source: "amx-Q4_1" (float8-held bytes) or
+    "amx-Q8_0" uint32 (N, ...)) -> float32 (N, K): d * q + m (Q4_1) or d * q (Q8_0), each rounded once to
+    fp32 as ``dequantize_blocks`` rounds them. A record: Q8_0 d[16] fp32 and 512 int8; Q4_1 d[16] and
+    m[16] fp16 and 256 bytes of nibbles."""
     q8 = packed.dtype == AMX_BLOCKS["Q8_0"]
-    rows, record = packed.shape[0], 576 if q8 else 384
+    rows, record = packed.shape[0], 576 if q8 else 320
     records = packed.view(torch.uint8).reshape(rows // 16, -1, record)  # (N / 16, K / 32, record)
-    d = records[..., :64].contiguous().view(torch.float32)  # (N / 16, K / 32, 16)
     if q8:
+        d = records[..., :64].contiguous().view(torch.float32)  # (N / 16, K / 32, 16)
         words = records[..., 64:].contiguous().view(torch.int8).reshape(*records.shape[:2], 16, 32).double()
         offset = torch.zeros_like(d)
     else:
-        offset = records[..., 64:128].contiguous().view(torch.float32)
-        nibbles = records[..., 128:].reshape(*records.shape[:2], 8, 32)  # byte i of row pair t
+        d = records[..., :32].contiguous().view(torch.float16).float()
+        offset = records[..., 32:64].contiguous().view(torch.float16).float()
+        nibbles = records[..., 64:].reshape(*records.shape[:2], 8, 32)  # byte i of row pair t
         words = torch.stack([nibbles & 15, nibbles >> 4], dim=-2).reshape(*records.shape[:2], 16, 32).double()
     # word i of tile row kk: output n = i // 2, input 2 kk + i % 2 of the chunk
     q = words.reshape(*records.shape[:2], 16, 16, 2).permute(0, 3, 1, 2, 4)  # (N / 16, n, K / 32, kk, j)

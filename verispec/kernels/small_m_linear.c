@@ -765,35 +765,43 @@ static int run_amx_i8(const float *x, const int8_t *w, float *y, const float *bi
  * order whatever the rows of the call: a row's result does not depend on the other rows.
  *
  * Layout (``pack_amx_blocks``): for each block of 16 output features nb and each chunk c of 32 inputs
- * (one GGUF block of each of the 16 rows), a record of d[16] fp32, then for Q4_1 m[16] fp32 and 256
- * bytes of nibbles (wt 8, 384 bytes), for Q8_0 512 int8 values (wt 9, 576 bytes). Word i of tile row
+ * (one GGUF block of each of the 16 rows), a record: for Q4_1 d[16] and m[16] as the file's fp16 and 256
+ * bytes of nibbles (wt 8, 320 bytes: 20 a block, as in the file), for Q8_0 d[16] fp32 and 512 int8
+ * values (wt 9, 576 bytes). Q4_1's scales stay fp16 (converted exactly in the epilogue): a pass at one
+ * row reads the weights' bytes once and little else, and fp32 scales made its records 384 bytes. Word i of tile row
  * kk (the layout a tile multiply reads for its second operand) is the weight of output n = i / 2 and
  * input 32c + 2kk + i % 2; Q4_1: the low nibble of byte 32t + i is word i of tile row 2t, its high
  * nibble word i of row 2t + 1; Q8_0: byte 32kk + i is word i of row kk. Records are nb-major: 16 rows of
- * 24 (Q4_1) or 36 (Q8_0) bytes a block, so the array cuts and joins along N at multiples of 16.
+ * 20 (Q4_1) or 36 (Q8_0) bytes a block, so the array cuts and joins along N at multiples of 16.
  * A pass unpacks each record into a bf16 tile once (for every chunk of 16 rows of x) and keeps four
  * accumulator tiles in flight, so a block's epilogue runs while the next blocks multiply. */
 
 /* GGUF rows raw (N x K / 32 blocks) -> out in the layout above. Returns how many Q4_1 weights d * q + m
  * are not exact in fp32 (the path then computes other values than the dequantized ones; 0 for Q8_0). */
+#define AMXQ_RECORD(q8) ((q8) ? 576 : 320)  /* bytes of a record: 16 outputs x 32 inputs */
+
 long pack_amx_blocks(const uint8_t *raw, uint8_t *out, long N, long K, int q8) {
-    const long chunks = K / 32, in_bytes = q8 ? 34 : 20, rec = q8 ? 576 : 384;
+    const long chunks = K / 32, in_bytes = q8 ? 34 : 20, rec = AMXQ_RECORD(q8);
     long inexact = 0;
     for (long nb = 0; nb < N / 16; nb++)
         for (long c = 0; c < chunks; c++) {
             uint8_t *record = out + (nb * chunks + c) * rec;
             float scales[32];
-            uint8_t *values = record + (q8 ? 64 : 128);
+            uint16_t halves[32];
+            uint8_t *values = record + 64;
             memset(values, 0, q8 ? 512 : 256);
             for (long n = 0; n < 16; n++) {
                 const uint8_t *block = raw + ((nb * 16 + n) * chunks + c) * in_bytes;
                 uint16_t half;
                 memcpy(&half, block, 2);
+                halves[n] = half;
                 scales[n] = _cvtsh_ss(half);
                 memcpy(&half, block + 2, 2);
+                halves[16 + n] = half;
                 scales[16 + n] = _cvtsh_ss(half);
             }
-            memcpy(record, scales, q8 ? 64 : 128);
+            if (q8) memcpy(record, scales, 64);  /* Q8_0: d as fp32 */
+            else memcpy(record, halves, 64);  /* Q4_1: d, m as the file's fp16 */
             for (long kk = 0; kk < 16; kk++)
                 for (long i = 0; i < 32; i++) {
                     const long n = i / 2, k = 2 * kk + i % 2;
@@ -830,7 +838,7 @@ AMXQ_INLINE void unpack_record(const uint8_t *record, int q8, uint16_t *tile) {
                                            0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, 0x4170, 0x4160,
                                            0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
                                            0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
-    const uint8_t *nibbles = record + 128;
+    const uint8_t *nibbles = record + 64;
     for (int t = 0; t < 8; t++) {
         const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(nibbles + 32 * t)));
         _mm512_store_si512((__m512i *)(tile + 64 * t), _mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(15)), table));
@@ -841,12 +849,13 @@ AMXQ_INLINE void unpack_record(const uint8_t *record, int q8, uint16_t *tile) {
 /* acc[r] += d * C[r] (+ m * X[r][c]) for the ROWS rows of one block's accumulator tile, stored at C. */
 AMXQ_INLINE void block_epilogue(const float *C, const uint8_t *record, int q8, const float *sums, long chunks,
                                 long c, __m512 acc[16], const int ROWS) {
-    const __m512 d = _mm512_loadu_ps((const float *)record);
     if (q8) {
+        const __m512 d = _mm512_loadu_ps((const float *)record);
         for (int r = 0; r < ROWS; r++) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(C + 16 * r), d, acc[r]);
         return;
     }
-    const __m512 m = _mm512_loadu_ps((const float *)record + 16);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)record));  /* exact */
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(record + 32)));
     for (int r = 0; r < ROWS; r++)
         acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * chunks + c]), m,
                                  _mm512_fmadd_ps(_mm512_load_ps(C + 16 * r), d, acc[r]));
@@ -895,7 +904,7 @@ static __thread long amxq_tiles_size = 0;
 AMXQ_INLINE void amxq_rows(const uint16_t *parts, const float *sums, long M, long m0, const uint8_t *records,
                            int q8, float *y, const float *bias, long K, long N, long nb, uint16_t *tiles, int fill,
                            const int ROWS) {
-    const long chunks = K / 32, rec = q8 ? 576 : 384, part_stride = M * K;
+    const long chunks = K / 32, rec = AMXQ_RECORD(q8), part_stride = M * K;
     float stored[4][16 * 16] __attribute__((aligned(64)));
     __m512 acc[16];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -914,7 +923,7 @@ AMXQ_INLINE void amxq_rows(const uint16_t *parts, const float *sums, long M, lon
 AMXQ_TARGET static void amxq_block(const uint16_t *parts, const float *sums, long M, const uint8_t *w, int q8,
                                    float *y, const float *bias, long K, long N, long nb, uint16_t *tiles,
                                    long *configured) {
-    const uint8_t *records = w + nb * (K / 32) * (q8 ? 576 : 384);
+    const uint8_t *records = w + nb * (K / 32) * AMXQ_RECORD(q8);
     for (long m0 = 0; m0 < M; m0 += 16) {
         const long rows = M - m0 < 16 ? M - m0 : 16;
         if (rows != *configured) {
