@@ -5,11 +5,14 @@ across points as a server keeps its policy. Prints output tokens/s per point, th
 with --trace, the gammas it ran as runs of "bucket:gamma x rounds".
 
     OMP_NUM_THREADS=1 python experiments/closed_loop.py [--target smollm2] [--repeats 3] [--points 1,2,4,8,16,32,64]
-        [--trace] [--eagle shipped|DIR [--lookup N]] [--aa]
+        [--trace] [--eagle shipped|DIR [--lookup N] [--fixed 1,2]] [--aa] [--beliefs]
 
 --eagle adds the adaptive policy over an EAGLE head's chains (drafted for all rows at once, as
 ``verispec serve --method eagle`` runs them); --lookup N with it adds the same with lookup first
-(``--lookup N``: rows whose context repeats draft the repeat).
+(``--lookup N``: rows whose context repeats draft the repeat); --fixed G,... adds the head's chains at fixed
+gammas (behind the lookup with --lookup), the yardstick for the policy's choice; --beliefs prints, after each
+adaptive run, the tokens/s the policy predicted per gamma at that load (from its median round times and
+acceptance), to set beside what the fixed variants measured.
 """
 import argparse, statistics, time, torch
 torch.set_num_threads(1)
@@ -34,6 +37,11 @@ ap.add_argument("--budget", default="", help="AdaptiveGamma switch_budget varian
 ap.add_argument("--eagle", default=None, help="add an 'eagle' variant: the adaptive policy over this head's chains "
                 "(a head dir, or 'shipped' for the target's shipped head)")
 ap.add_argument("--lookup", type=int, default=0, help="with --eagle, add 'eagle+lookup': the same with --lookup N")
+ap.add_argument("--fixed", default="", help="with --eagle, add 'eagle gG' variants at these fixed gammas (e.g. 1,2): "
+                "what the adaptive policy's choice is measured against")
+ap.add_argument("--skip", default="", help="variants to leave out, e.g. adaptive (the draft model's)")
+ap.add_argument("--beliefs", action="store_true", help="after each adaptive run, print the policy's predicted "
+                "tokens/s per gamma in that concurrency's bucket (what it chose from)")
 args = ap.parse_args()
 pair = load_pair(args.target, need_eagle=args.eagle is not None,
                  eagle_dir=None if args.eagle in (None, "shipped") else args.eagle)
@@ -59,11 +67,17 @@ if args.eagle is not None and args.lookup:
     engines["eagle+lookup"] = BatchEngine(pair.target, None, SpecConfig(method="chain", gamma=4, drafter="eagle",
                                                                        lookup=args.lookup), max_batch=64,
                                           max_len=1024, gamma_policy=AdaptiveGamma(max_gamma=4), eagle=pair.eagle)
+for gamma in (int(g) for g in args.fixed.split(",") if g and args.eagle is not None):
+    fixed = SpecConfig(method="chain", gamma=gamma, drafter="eagle", lookup=args.lookup)
+    engines[f"eagle{'+lookup' if args.lookup else ''} g{gamma}"] = BatchEngine(
+        pair.target, None, fixed, max_batch=64, max_len=1024, eagle=pair.eagle)
 if args.aa:
     engines["off2"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="none"), max_batch=64, max_len=1024)
 if args.gamma0:
     engines["gamma0"] = BatchEngine(pair.target, pair.draft, SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
                                     max_batch=64, max_len=1024, gamma_policy=FixedGamma(0))
+for name in (n for n in args.skip.split(",") if n):
+    del engines[name]
 reads = {}  # variant -> seconds its draft spent in catch-up and prompt reads this run
 ran = {}  # variant -> (bucket, gamma) per round its policy observed
 def instrument(name, engine):
@@ -124,6 +138,13 @@ for repeat in range(args.repeats):
             print(f"rep {repeat} c{c:<3} {name:9s} {rate:7.1f} tok/s (per CPU s {cpu_rate:7.1f})  {rounds} rounds{extra}", flush=True)
             if args.trace and name in ran:
                 print("    " + runs_of(ran[name]), flush=True)
+            policy = engines[name].gamma_policy
+            if args.beliefs and isinstance(policy, AdaptiveGamma):
+                plain = policy.predicted_rate(c, 0)
+                beliefs = {g: policy.predicted_rate(c, g) for g in policy.candidates}
+                print("    beliefs (tok/s, x gamma 0): " + " ".join(
+                    f"g{g} {r:.1f} ({r / plain:.3f})" if plain else f"g{g} {r:.1f}"
+                    for g, r in beliefs.items() if r), flush=True)
 for label, table in (("wall", results), ("CPU", cpu_results)):
     for name in list(engines)[1:]:
         print(f"\n{label} time: concurrency  off tok/s  {name} tok/s  ratio (median of per-repeat ratios)")

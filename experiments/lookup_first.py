@@ -10,12 +10,14 @@ decoding's.
 
 A variant is off or drafter[+N]:G[a][:I]: drafter eagle, model or ngram; +N lookup first with repeats of N+
 tokens; G drafts per round (with a: the adaptive policy, at most G); :I holds the drafter behind the
-lookup to I drafts a round (lookups still draft up to G).
+lookup to I drafts a round (lookups still draft up to G). With --eagle-b DIR, a variant ending in @B uses
+that head instead of the shipped one (e.g. eagle+3:2,eagle+3:2@B: a retrained head against the shipped one).
 """
 
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -23,12 +25,14 @@ from verispec import kernels
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.demo import demo_prompts
 from verispec.loading import build_engine, eos_ids, load_pair
+from verispec.models.eagle import load_eagle
 
 WORKLOADS = ("code", "chat", "math")
 DEFAULT_VARIANTS = "off,ngram:4,eagle:2,eagle:4,eagle+2:4,eagle+3:2,eagle+3:4,eagle+4:4,model:1,model+3:2"
 
 
 def spec_for(variant: str) -> SpecConfig:
+    variant = variant.removesuffix("@B")
     if variant == "off":
         return SpecConfig(method="none")
     head, gamma = variant.split(":")[:2]
@@ -43,6 +47,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+    parser.add_argument("--eagle-b", default=None, help="a second EAGLE head directory, used by variants ending in @B")
     args = parser.parse_args()
     torch.set_num_threads(1)
     pair = load_pair("smollm2", need_eagle=True)
@@ -50,10 +55,13 @@ def main() -> None:
     jobs = [(w, pair.tokenizer.encode(p, add_special_tokens=False)) for w in WORKLOADS for p in prompts[w]]
     stop = StopRules(max_tokens=args.tokens, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
     names = args.variants.split(",")
-    engines = {name: (build_engine(pair, spec_for(name)), spec_for(name)) for name in names}
+    pair_b = None if args.eagle_b is None else replace(pair, eagle=load_eagle(args.eagle_b, pair.target),
+                                                         eagle_dir=args.eagle_b)
+    engines = {name: (build_engine(pair_b if name.endswith("@B") else pair, spec_for(name)), spec_for(name))
+               for name in names}
     for name in names:  # drafter[+N]:gamma:inner -- the drafter behind the lookup drafts at most `inner`
-        if name.count(":") == 2:
-            engines[name][0].drafter.inner_drafts = int(name.split(":")[2])
+        if name.removesuffix("@B").count(":") == 2:
+            engines[name][0].drafter.inner_drafts = int(name.removesuffix("@B").split(":")[2])
     seconds = {(name, w): [] for name in names for w in WORKLOADS + ("all",)}
     tokens = {(name, w): 0 for name in names for w in WORKLOADS}
     rounds = {(name, w): 0 for name in names for w in WORKLOADS}
@@ -78,7 +86,7 @@ def main() -> None:
             seconds[(name, "all")].append(sum(spent.values()))
     print(f"{len(jobs)} held-out prompts ({args.prompts} per workload) x {args.tokens} greedy tokens at most, "
           f"{args.repeats} repeats, 1 thread; kernel paths {kernels.paths()}")
-    print(f"{'variant':12s} " + " ".join(f"{w:>22s}" for w in WORKLOADS + ("all",)) + "  lookup rounds  identical")
+    print(f"{'variant':14s} " + " ".join(f"{w:>22s}" for w in WORKLOADS + ("all",)) + "  lookup rounds  identical")
     for name in names:
         cells = []
         for workload in WORKLOADS + ("all",):
@@ -90,7 +98,7 @@ def main() -> None:
             cells.append(f"{rate:6.1f} {statistics.median(ratios):.2f}x {done / max(made, 1):4.2f}/r")
         all_rounds = sum(rounds[(name, w)] for w in WORKLOADS)
         same = all(outputs[(name, i)] == outputs[(names[0], i)] for i in range(len(jobs)))
-        print(f"{name:12s} " + " ".join(f"{c:>22s}" for c in cells)
+        print(f"{name:14s} " + " ".join(f"{c:>22s}" for c in cells)
               + f"  {lookups[name] / max(all_rounds, 1):13.2f}  {'yes' if same else 'NO'}")
     print("cells: tokens/s, ratio to off (median of per-repeat ratios), committed tokens per round; "
           "identical: every output equals the first variant's")
