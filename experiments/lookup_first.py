@@ -60,8 +60,9 @@ def main() -> None:
     engines = {name: (build_engine(pair_b if name.endswith("@B") else pair, spec_for(name)), spec_for(name))
                for name in names}
     for name in names:  # drafter[+N]:gamma:inner -- the drafter behind the lookup drafts at most `inner`
-        if name.removesuffix("@B").count(":") == 2:
-            engines[name][0].drafter.inner_drafts = int(name.removesuffix("@B").split(":")[2])
+        fields = name.removesuffix("@B").split(":")
+        if len(fields) == 3:
+            engines[name][0].drafter.inner_drafts = int(fields[2])
     seconds = {(name, w): [] for name in names for w in WORKLOADS + ("all",)}
     tokens = {(name, w): 0 for name in names for w in WORKLOADS}
     rounds = {(name, w): 0 for name in names for w in WORKLOADS}

@@ -22,11 +22,12 @@ if not args.child:
 
 import torch
 torch.set_num_threads(1)
-from verispec.batch import BatchEngine, BatchRequest
+from verispec.batch import BatchEngine
 from verispec.bench.config import PromptSettings
 from verispec.bench.workloads import build_prompt_set
-from verispec.config import SamplingParams, SpecConfig, StopRules
+from verispec.config import SpecConfig
 from verispec.loading import load_pair
+from load_loop import closed_loop, greedy_requests
 
 pair = load_pair("tiny", need_draft=False)
 prompts = build_prompt_set(PromptSettings(workloads=("sharegpt", "code", "math"), per_workload=22,
@@ -39,20 +40,10 @@ def timed(*a):
     verify.append((len(engine.rows), time.perf_counter() - began)); return result
 engine._verify = timed
 
-def run(concurrency):
-    queue = [BatchRequest(p.prompt_id, list(p.prompt_ids), SamplingParams(temperature=0),
-                          StopRules(max_tokens=p.max_tokens, ignore_eos=True)) for p in prompts]
-    tokens, began = 0, time.perf_counter()
-    while queue or engine.active:
-        while queue and engine.active < concurrency:
-            tokens += sum(len(e.tokens) for e in engine.add(queue.pop(0)))
-        tokens += sum(len(e.tokens) for e in engine.step())
-    return tokens / (time.perf_counter() - began)
-
 results = []
 for _ in range(3):
     verify.clear()
-    rate = run(16)
+    rate = closed_loop(engine, greedy_requests(prompts), 16)
     full = [t for rows, t in verify if rows == 16]
     results.append(f"{rate:.0f} tok/s (16-row verify {1e3 * statistics.median(full):.2f} ms)")
 print(" | ".join(results))
