@@ -321,3 +321,68 @@ def test_layers_run_in_one_native_call_unless_one_does_not_qualify(monkeypatch):
     with Fused(False, monkeypatch):
         want = reference.forward(tokens, reference.new_cache(2))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _buffers(model) -> set[int]:
+    """The storages every kernel layer's packed (and int8) weights are views of."""
+    layers = [m for m in model.modules() if isinstance(m, kernels.SmallRowsLinear)]
+    weights = [layer.packed for layer in layers] + [layer.quantized for layer in layers if layer.quantized is not None]
+    return {w.untyped_storage().data_ptr() for w in weights}
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_gathered_weights_are_one_block_and_compute_the_same(quantized, monkeypatch):
+    monkeypatch.setattr(kernels, "GATHER", False)
+    separate = _model("gqa")
+    monkeypatch.setattr(kernels, "GATHER", True)
+    gathered = _model("gqa")
+    if quantized:
+        kernels.quantize(gathered)
+        monkeypatch.setattr(kernels, "GATHER", False)
+        kernels.quantize(separate)
+        monkeypatch.setattr(kernels, "GATHER", True)
+    assert len(_buffers(gathered)) == 1 and len(_buffers(separate)) > 1
+    for module in gathered.modules():  # group members are the group's rows, in order, in the block
+        group = getattr(module, "group", None)
+        if group is not None:
+            offset = group.packed.data_ptr()
+            for layer in group.layers:
+                assert layer.packed.data_ptr() == offset and layer.group is group
+                offset += layer.packed.numel() * layer.packed.element_size()
+    tokens = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(2))
+    with Fused(True, monkeypatch) as fused:
+        for rows in (1, 5):
+            want = separate.forward(tokens[:, :rows], separate.new_cache(1))
+            assert torch.equal(gathered.forward(tokens[:, :rows], gathered.new_cache(1)), want)
+        assert fused.calls > 0
+
+
+def test_gathering_again_replaces_the_pointers_fused_passes_hold(monkeypatch):
+    model = _model("mha_bias")
+    tokens = torch.randint(0, 96, (1, 4), generator=torch.Generator().manual_seed(3))
+    with Fused(True, monkeypatch):
+        want = model.forward(tokens, model.new_cache(1))  # plans and pass arguments hold pointers now
+        before = _buffers(model)
+        assert kernels.gather(model) > 0
+        after = _buffers(model)
+        assert len(after) == 1 and not after & before  # a new block; the old one is no longer read
+        got = model.forward(tokens, model.new_cache(1))
+        qkv = model.model.layers[0].self_attn.q_proj.group
+        assert model.model.layers[0]._fused_weights.pointers[1] == qkv.packed.data_ptr()
+    assert torch.equal(got, want)
+    limited = model._limited_head(32)
+    assert limited.packed.untyped_storage().data_ptr() in after
+    assert torch.equal(model.head_logits(torch.ones(1, 64), 32)[:, :32], limited(torch.ones(1, 64)))
+
+
+def test_an_arena_places_parts_in_order_and_refuses_what_does_not_fit():
+    parts = [torch.arange(12, dtype=torch.int16).view(3, 4), torch.arange(8, dtype=torch.int16).view(2, 4)]
+    arena = kernels.Arena(kernels.Arena.size(parts) + kernels.Arena.size(parts[:1]))
+    joined = arena.cat(parts)
+    assert torch.equal(joined, torch.cat(parts)) and joined.data_ptr() % kernels.packing.HUGE_PAGE == 0
+    single = arena.cat(parts[:1])
+    assert torch.equal(single, parts[0]) and single.data_ptr() == joined.data_ptr() + kernels.Arena.ALIGN
+    with pytest.raises(ValueError, match="more bytes"):
+        arena.cat(parts[:1])
+    with pytest.raises(ValueError, match="mixed"):
+        kernels.Arena(1024).cat([parts[0], parts[1].float()])

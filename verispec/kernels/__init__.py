@@ -87,6 +87,9 @@ MAX_ROWS_AVX512 = 64
 # keeps the per-op torch path (layers still use the linear kernel). Read at each pass, so tests and
 # experiments may flip it.
 FUSED_LAYERS = os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0"
+# ``gather`` puts a model's packed weights in one block of huge pages when it is accelerated or quantized;
+# VERISPEC_GATHER=0 leaves each layer's own allocation (read when weights are packed).
+GATHER = os.environ.get("VERISPEC_GATHER", "1") != "0"
 MAX_FUSED = 64  # rows per fused pass: up to here fused won every shape but one tied (experiments/fused_rows.py)
 # With AMX tiles the fused pass won every shape up to 128 rows (0.52-0.89 of the per-op time at 150- and
 # 600-token contexts: fused_rows.py --max-fused 128 --shapes 1x1,1x8,16x1,16x4,16x5,32x4,64x2,16x8).
@@ -283,9 +286,9 @@ def paths() -> str:
 from verispec.kernels.build import (  # noqa: E402, F401  (re-exported; reads and sets the state above)
     _check_weights, _compiler_identity, _cpu_flags, _self_check, cache_dir, library, library_path)
 from verispec.kernels.packing import (  # noqa: E402, F401  (re-exported)
-    _int8_tiles, _pack_blocks, _pack_weight, _tiles, quantize_int8)
+    Arena, _int8_tiles, _pack_blocks, _pack_weight, _tiles, advise_huge_pages, quantize_int8)
 from verispec.kernels.layers import (  # noqa: E402, F401  (re-exported)
-    GROUPS, Group, SmallRowsLinear, accelerate, first_rows, joined_projection, projections, quantize)
+    GROUPS, Group, SmallRowsLinear, accelerate, first_rows, gather, joined_projection, projections, quantize)
 from verispec.kernels.fused import (  # noqa: E402, F401  (re-exported; the fused passes use the definitions above)
     LayerPlan, LayerWeights, PassArgs, decoder_layer, decoder_layers, fused_applies, head_weight, model_pass,
     pass_fits)

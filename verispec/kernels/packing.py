@@ -1,11 +1,12 @@
 """Weights packed as the kernel reads them: the layout a layer's weight takes (``_pack_weight``: GGUF rows,
-bf16, AMX tiles or fp32), GGUF rows checked against the weight (``_pack_blocks``) and int8 rows or tiles for
-draft models (``quantize_int8``). Re-exported by ``verispec.kernels``; the package's names (``amx``,
+bf16, AMX tiles or fp32), GGUF rows checked against the weight (``_pack_blocks``), int8 rows or tiles for
+draft models (``quantize_int8``) and the block of memory a model's packed weights are gathered into (``Arena``). Re-exported by ``verispec.kernels``; the package's names (``amx``,
 ``library``, ``_failed``, ...) are read through it (``_k``) at call time."""
 
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import torch
 
@@ -109,3 +110,56 @@ def _int8_tiles(lib: ctypes.CDLL, values: torch.Tensor, scale: torch.Tensor) -> 
     scales = scale.reshape(-1).contiguous()
     lib.pack_amx_i8(values.data_ptr(), scales.data_ptr(), tiled.data_ptr(), *values.shape)
     return tiled
+
+
+HUGE_PAGE = 2 << 20  # bytes of a transparent huge page on x86-64 Linux
+MADV_HUGEPAGE = 14  # <sys/mman.h>
+
+
+def advise_huge_pages(address: int, length: int) -> bool:
+    """Ask Linux to back [address, address + length) with transparent huge pages (``madvise``); False
+    where that is not Linux or the call failed. Needed where THP is in "madvise" mode (the common
+    default): torch's allocations are then on 4 KiB pages. Advice only: memory is the same either way."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise(address, length, MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Arena:
+    """One block of ``nbytes`` for a model's packed weights, 2 MiB aligned and advised as huge pages
+    (before anything is written, so the pages are huge when first touched). ``cat`` places tensors
+    one after another at 64-byte boundaries, in the order a pass reads them. A decode step then
+    reads one stream of huge pages instead of hundreds of separate allocations on 4 KiB pages."""
+
+    ALIGN = 64
+
+    def __init__(self, nbytes: int):
+        self.buffer = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+        self.offset = (-self.buffer.data_ptr()) % HUGE_PAGE
+        self.end = self.offset + nbytes
+        self.huge = advise_huge_pages(self.buffer.data_ptr() + self.offset, -(-nbytes // 4096) * 4096)
+
+    @classmethod
+    def size(cls, tensors) -> int:
+        """Bytes ``cat`` takes for these tensors (each call's tensors together)."""
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        return -(-total // cls.ALIGN) * cls.ALIGN
+
+    def cat(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """``torch.cat(parts)`` (along dim 0, one dtype) written into the block."""
+        dtype, tail = parts[0].dtype, tuple(parts[0].shape[1:])
+        nbytes = sum(p.numel() for p in parts) * parts[0].element_size()
+        if self.offset + nbytes > self.end or any(p.dtype != dtype or tuple(p.shape[1:]) != tail for p in parts):
+            raise ValueError("arena: parts of mixed dtypes or shapes, or more bytes than it was sized for")
+        out = self.buffer[self.offset:self.offset + nbytes].view(dtype).view(-1, *tail)
+        first = 0
+        for part in parts:
+            out[first:first + part.shape[0]].copy_(part)
+            first += part.shape[0]
+        self.offset += self.size([out])
+        return out

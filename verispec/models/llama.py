@@ -247,12 +247,13 @@ class LlamaForCausalLM(nn.Module):
         """The LM head's first ``size`` rows as their own linear layer (a view: no copy of fp32 weights),
         packed for the few-row kernel like the head itself."""
         heads = self.__dict__.setdefault("_limited_heads", {})
-        head = heads.get(size)
-        if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr():
+        head, source = heads.get(size, (None, None))
+        packed = getattr(self.lm_head, "packed", None)  # a new tensor when repacked or gathered
+        if head is None or head.weight.data_ptr() != self.lm_head.weight.data_ptr() or source is not packed:
             if isinstance(self.lm_head, kernels.SmallRowsLinear):
                 head = kernels.first_rows(self.lm_head, size)  # views of its packed rows, checked at load
                 if head is not None:
-                    heads[size] = head
+                    heads[size] = (head, packed)
                     return head
             # On the meta device: no random initialisation of a weight replaced at once (~0.2 s of a cold
             # request's first draft round for SmolLM2's 8192-row draft head).
@@ -265,7 +266,7 @@ class LlamaForCausalLM(nn.Module):
                 kernels.accelerate(head)
                 if self.lm_head.quantized is not None:
                     kernels.quantize(head)
-            heads[size] = head
+            heads[size] = (head, packed)
         return head
 
     def _rotary_tables(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
