@@ -24,6 +24,9 @@ compiler's path and version and the flags (``library_path``); where that fails (
 AVX2/FMA/F16C, not x86-64) or ``VERISPEC_KERNELS=0`` is set, every layer keeps torch's own path and
 ``status()`` says why. Training never uses it (it has no backward).
 
+``accelerate`` and ``quantize`` end with ``gather``: the model's packed weights in one 2 MiB-aligned block,
+in module order, advised as transparent huge pages (``VERISPEC_GATHER=0``: left where packing put them).
+
 Weight formats (``FORMATS`` in ``formats.py``, re-exported here, told by the packed tensor's dtype):
 fp32, bf16 (exact for a bf16 checkpoint), AMX tiles, int8 for drafts (``quantize``), and GGUF block rows,
 Q4_1 and Q8_0: a loader that sets ``module.gguf_blocks = (format name, uint8 (N, row bytes))`` on an
