@@ -1,12 +1,12 @@
 """Choosing gamma at run time from measured costs and acceptance. Pure Python, no torch.
 
-``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), the median wall time of a round over
-the last ``window`` (15) rounds of each candidate gamma, plus per-position conditional acceptance shared
-by all buckets. It predicts committed tokens per second for each gamma as
+``AdaptiveGamma`` keeps, per batch-size bucket (1, 2, 4, ..., 64), the wall time and rows of the last
+``window`` (15) rounds of each candidate gamma, plus per-position conditional acceptance shared by all
+buckets. It predicts committed tokens per second for each gamma as the median over those rounds of
 
-    rows(bucket, gamma) * E[N](gamma) / round_seconds(bucket, gamma),   E[N] = 1 + a_1 + a_1 a_2 + ...
+    rows * E[N](gamma) / seconds,   E[N] = 1 + a_1 + a_1 a_2 + ...
 
-(rows: the median batch size of those rounds; once 20 drafting rounds are in, E[N] is corrected for how
+(each round's rate at its own batch size; once 20 drafting rounds are in, E[N] is corrected for how
 rounds start, ``costmodel.expected_tokens_by_start``: right after a rejection the draft is right less
 often, and a larger gamma starts more rounds there) and picks the best. Gamma 0 (plain decoding) is a
 candidate, so speculation switches itself off when the batch is large enough that verifying extra
@@ -172,10 +172,14 @@ class AdaptiveGamma(GammaPolicyBase):
             return None
         if tokens is None:
             tokens = self.expected(acceptance if acceptance is not None else self.acceptance(), gamma)[gamma]
-        committed = self.round_rows[key] * tokens
-        if gamma:
-            seconds += committed * self.prompt_seconds_per_token()
-        return committed / seconds
+        per_token = self.prompt_seconds_per_token() if gamma else 0.0
+        recent = self.recent.get(key)
+        if recent and recent[0]:
+            # The median of each round's own rate: medians of seconds and of rows taken apart pair one
+            # round's time with another round's rows where a window mixes batch sizes.
+            return _median([rows * tokens / (s + rows * tokens * per_token) for s, rows in zip(*recent)])
+        committed = self.round_rows[key] * tokens  # a seeded estimate, no rounds yet
+        return committed / (seconds + committed * per_token)
 
     def expected(self, acceptance: list[float], top: int) -> list[float]:
         """E[N] for gamma 0..``top``: with ``min_rounds_for_start`` drafting rounds seen and position 2
