@@ -861,15 +861,24 @@ AMXQ_INLINE void block_epilogue(const float *C, const uint8_t *record, int q8, c
                                  _mm512_fmadd_ps(_mm512_load_ps(C + 16 * r), d, acc[r]));
 }
 
+#define AMXQ_ROWS_GROUP 16  /* rows a tile holds: amxq_block's rows per pass over a block's chunks */
 #define AMXQ_AHEAD 2  /* records unpacked ahead of the one multiplied: 0.082 -> 0.058 ms for 1536 x 576 at one row */
 /* Records prefetched ahead into L2 (a block's records, then the next block's, are one stream): from memory
  * a pass of SmolLM2's products at one row took 11.4 ms without and 8.2-10 ms with 8-256 records ahead,
  * no distance clearly best (Xeon, one thread, a C harness over its 121 matrices). */
+#ifndef AMXQ_PREFETCH
 #define AMXQ_PREFETCH 16
+#endif
+#ifndef AMXQ_PREFETCH_HINT
+#define AMXQ_PREFETCH_HINT _MM_HINT_T1
+#endif
+#ifndef AMXQ_PREFETCH_STEP
+#define AMXQ_PREFETCH_STEP 64
+#endif
 
 /* The lines of the record at ``at`` (prefetching past the weights' end is harmless: prefetches never fault). */
 AMXQ_INLINE void amxq_prefetch(const uint8_t *at, long rec) {
-    for (long line = 0; line < rec; line += 64) _mm_prefetch((const char *)at + line, _MM_HINT_T1);
+    for (long line = 0; line < rec; line += AMXQ_PREFETCH_STEP) _mm_prefetch((const char *)at + line, AMXQ_PREFETCH_HINT);
 }
 
 static __thread uint16_t *amxq_tiles = NULL;  /* a thread's unpacked tiles of one block of 16 outputs */
@@ -887,9 +896,9 @@ static __thread long amxq_tiles_size = 0;
         if (c < chunks) {                                                                               \
             if (fill) amxq_prefetch(records + (c + AMXQ_PREFETCH) * rec, rec);                          \
             if (fill && c + AMXQ_AHEAD < chunks)                                                        \
-                unpack_record(records + (c + AMXQ_AHEAD) * rec, q8, tiles + (c + AMXQ_AHEAD) * 512);    \
+                unpack_record(records + (c + AMXQ_AHEAD) * rec, q8, tiles + ((c + AMXQ_AHEAD) & slots) * 512); \
             _tile_zero(S);                                                                              \
-            _tile_loadd(7, tiles + c * 512, 64);                                                        \
+            _tile_loadd(7, tiles + (c & slots) * 512, 64);                                              \
             _tile_loadd(4, a + c * 32, K * 2);                                                          \
             _tile_loadd(5, a + part_stride + c * 32, K * 2);                                            \
             _tile_loadd(6, a + 2 * part_stride + c * 32, K * 2);                                        \
@@ -910,8 +919,11 @@ AMXQ_INLINE void amxq_rows(const uint16_t *parts, const float *sums, long M, lon
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     const uint16_t *a = parts + m0 * K;
     const float *row_sums = sums ? sums + m0 * chunks : NULL;
+    /* One group of rows reads each tile once: a ring of 4 slots (AMXQ_AHEAD + 2) keeps the unpacked
+     * tiles in L1 instead of writing K / 32 KiB a block (48 KiB for K = 1536, L1's size). */
+    const long slots = M <= AMXQ_ROWS_GROUP ? 3 : -1;
     if (fill)
-        for (long c = 0; c < AMXQ_AHEAD && c < chunks; c++) unpack_record(records + c * rec, q8, tiles + c * 512);
+        for (long c = 0; c < AMXQ_AHEAD && c < chunks; c++) unpack_record(records + c * rec, q8, tiles + (c & slots) * 512);
     for (long base = 0; base < chunks + 5; base += 4) {
         AMXQ_STEP(0) AMXQ_STEP(1) AMXQ_STEP(2) AMXQ_STEP(3)
     }
@@ -924,8 +936,8 @@ AMXQ_TARGET static void amxq_block(const uint16_t *parts, const float *sums, lon
                                    float *y, const float *bias, long K, long N, long nb, uint16_t *tiles,
                                    long *configured) {
     const uint8_t *records = w + nb * (K / 32) * AMXQ_RECORD(q8);
-    for (long m0 = 0; m0 < M; m0 += 16) {
-        const long rows = M - m0 < 16 ? M - m0 : 16;
+    for (long m0 = 0; m0 < M; m0 += AMXQ_ROWS_GROUP) {
+        const long rows = M - m0 < AMXQ_ROWS_GROUP ? M - m0 : AMXQ_ROWS_GROUP;
         if (rows != *configured) {
             tile_config config;
             configure(&config, rows);
