@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from test_engine_statistical import PROMPT, VOCAB, agreement, exact_target_distribution
+from verispec import kernels
 from verispec.config import SamplingParams, SpecConfig, StopRules
 from verispec.drafters.eagle import EagleDrafter
 from verispec.engine import SpecEngine
@@ -283,3 +284,50 @@ def test_extracted_features_are_the_targets_at_either_precision(tmp_path, embedd
     error = (shard["features"].float() - exact).norm() / exact.norm()
     assert error < (2.5e-3 if precision == "fp32" else 1.5e-2)  # bf16 rounding alone: ~1.7e-3; autocast: ~4e-3
     assert shard["features"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("accelerate", [True, False], ids=["kernel", "torch"])
+def test_a_q8_0_head_holds_its_blocks_values_and_stays_lossless(embedded, accelerate):
+    """Q8_0 weights (``round_to_q8_0``): the head's own layers hold exactly their blocks' values, within a
+    block's step of the saved weights, the target's shared tensors untouched; greedy chains still equal
+    plain decoding."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    target, tokenizer = embedded
+    embedding = target.model.embed_tokens.weight.clone()
+    native = frozen_head(target, 2048, seed=3, accelerate=False)
+    head = for_inference(frozen_head(target, 2048, seed=3, accelerate=False), accelerate, weights="q8_0")
+    own = [m for m in (*head.body.model.layers.modules(), head.fc) if isinstance(m, torch.nn.Linear)]
+    assert own and all(m.gguf_blocks[0] == "Q8_0" for m in own)
+    for layer, before in zip(own, [m for m in (*native.body.model.layers.modules(), native.fc)
+                                   if isinstance(m, torch.nn.Linear)]):
+        values = torch.from_numpy(dequantize(layer.gguf_blocks[1].numpy(), GGMLQuantizationType.Q8_0))
+        assert torch.equal(layer.weight, values.float().reshape(layer.weight.shape))
+        step = before.weight.abs().reshape(-1, 32).amax(1, keepdim=True) / 127  # a block's scale
+        # half a step from rounding, up to 127 x 2^-11 steps more from the scale's own fp16 rounding
+        assert ((layer.weight - before.weight).reshape(-1, 32).abs() <= step * (0.5 + 127 / 2048) + 1e-7).all()
+        if accelerate:
+            assert layer.packed.dtype in kernels.GGUF_DTYPES
+    assert torch.equal(target.model.embed_tokens.weight, embedding)
+    stop, greedy = StopRules(max_tokens=32, eos_ids=()), SamplingParams(temperature=0)
+    ids = tokenizer("def parse(line):\n    ")["input_ids"]
+    expected = SpecEngine(target, None).generate(ids, greedy, SpecConfig(method="none"), stop).tokens
+    spec = SpecConfig(method="chain", gamma=3, drafter="eagle")
+    assert SpecEngine(target, EagleDrafter(head, target.config.max_context)).generate(ids, greedy, spec, stop).tokens == expected
+    with pytest.raises(ValueError, match="unknown head weights"):
+        for_inference(head, False, weights="q4")
+
+
+def test_load_pair_gives_the_head_q8_0_weights_unless_told_otherwise(embedded):
+    from verispec.loading import load_pair
+
+    def own(head):
+        return [m for m in (*head.body.model.layers.modules(), head.fc) if isinstance(m, torch.nn.Linear)]
+    auto = load_pair("tiny", need_draft=False, need_eagle=True)
+    assert all(getattr(m, "gguf_blocks", ("",))[0] == "Q8_0" for m in own(auto.eagle))
+    native = load_pair("tiny", need_draft=False, need_eagle=True, draft_weights="native")
+    assert not any(hasattr(m, "gguf_blocks") for m in own(native.eagle))
+    if kernels.library() is not None:
+        int8 = load_pair("tiny", need_draft=False, need_eagle=True, draft_weights="int8")
+        assert all(m.quantized is not None for m in own(int8.eagle) if isinstance(m, kernels.SmallRowsLinear))

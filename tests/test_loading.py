@@ -141,7 +141,7 @@ def test_draft_vocab_of_without_a_config():
 
 
 def test_unknown_draft_weights_are_refused_before_anything_loads():
-    with pytest.raises(CheckpointError, match=r"unknown draft weights 'fp8'; choose one of int8, native"):
+    with pytest.raises(CheckpointError, match=r"unknown draft weights 'fp8'; choose one of auto, int8, q8_0, native"):
         load_pair("/nonexistent/target", draft_weights="fp8")
 
 

@@ -122,6 +122,25 @@ def quantize_draft(draft: Model) -> int:
     return kernels.quantize(draft)
 
 
+def draft_to_q8_0(draft: Model) -> int:
+    """A native draft's decoder layers rounded to GGUF Q8_0 blocks (``round_to_q8_0``) and packed again;
+    its embedding and LM head (maybe the target's own) are kept. Lossless like ``quantize_draft``.
+    Returns the layers rounded (0: not a native model)."""
+    if not isinstance(draft, LlamaForCausalLM):
+        return 0
+    from torch import nn
+
+    from verispec.models.gguf import round_to_q8_0
+
+    layers = [m for m in draft.model.layers.modules() if isinstance(m, nn.Linear)]
+    rounded = round_to_q8_0(layers)
+    for layer in layers:
+        if isinstance(layer, kernels.SmallRowsLinear):
+            layer._pack()
+    kernels.accelerate(draft)  # regroups the repacked layers and gathers them
+    return rounded
+
+
 def check_compatible(target: Model, draft: Model) -> None:
     """Target and draft must score the same token ids; refuse a draft with another vocabulary."""
     if target.config.vocab_size != draft.config.vocab_size:

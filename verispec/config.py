@@ -26,6 +26,9 @@ GAMMA_POLICIES: tuple[str, ...] = ("fixed", "adaptive", "hf")
 COMMAND_CHAIN_POLICY: str = "adaptive"
 DrafterKind = Literal["model", "ngram", "early_exit", "eagle"]
 DRAFTER_KINDS: tuple[str, ...] = ("model", "ngram", "early_exit", "eagle")
+# How a drafter holds its own weights (--draft-weights): auto is int8 for a draft model, GGUF Q8_0 blocks
+# for an EAGLE head (int8 rows quantize the head's inputs too on AMX and it guessed worse; Q8_0 keeps them).
+DRAFT_WEIGHTS: tuple[str, ...] = ("auto", "int8", "q8_0", "native")
 
 
 @dataclass(frozen=True)

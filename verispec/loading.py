@@ -27,9 +27,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from verispec.checkpoints import (BACKENDS, TOKENIZER_FILES, Backend, bridge_for, check_compatible, is_gguf,
-                                  load_model, load_shared_draft, load_tokenizer, quantize_draft, resolve_device,
-                                  same_token_ids, shares_embedding)
+from verispec.checkpoints import (BACKENDS, TOKENIZER_FILES, Backend, bridge_for, check_compatible, draft_to_q8_0,
+                                  is_gguf, load_model, load_shared_draft, load_tokenizer, quantize_draft,
+                                  resolve_device, same_token_ids, shares_embedding)
+from verispec.config import DRAFT_WEIGHTS
 from verispec.engine_factory import (ModelPair, build_engine, build_single, check_backend_supports, describe,
                                      row_drafter)
 from verispec.errors import CheckpointError, VerispecError
@@ -88,7 +89,7 @@ def embedded_pair_available() -> bool:
     return (DEFAULT_TARGET / "config.json").is_file() and (DEFAULT_DRAFT / "config.json").is_file()
 
 
-DRAFT_WEIGHTS = ("int8", "native")
+
 
 
 def smollm2_path() -> Path:
@@ -147,12 +148,13 @@ def load_target_and_tokenizer(target: str | Path | None, device: str = "cpu", ke
 
 def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None = None,
               device: str = "cpu", need_draft: bool = True, backend: Backend = "auto",
-              draft_weights: str = "int8", need_eagle: bool = False,
+              draft_weights: str = "auto", need_eagle: bool = False,
               eagle_dir: str | Path | None = None, cross_vocab: bool = True) -> ModelPair:
     """Load target (+ draft). ``target_dir`` is a name (``smollm2``, the default, or ``tiny``) or a path
     (``resolve_target``); a named target brings its shipped draft. ``backend`` applies to both models
-    (see ``load_model``). ``draft_weights``: "int8" quantizes a native draft's linear layers for the CPU
-    kernel (``quantize_draft``), "native" keeps its weights. A draft that ships another tokenizer than
+    (see ``load_model``). ``draft_weights`` (DRAFT_WEIGHTS), for a native draft's and an EAGLE head's own
+    layers: "int8" rows for the CPU kernel (``quantize_draft``), "q8_0" GGUF Q8_0 blocks (``round_to_q8_0``),
+    "native" the checkpoint's weights, "auto" int8 for a draft model and q8_0 for a head. A draft that ships another tokenizer than
     the target's drafts through a ``VocabBridge`` (``cross_vocab``; refused when False)."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
@@ -175,8 +177,10 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
             draft = load_shared_draft(draft_dir, target) if shares_embedding(draft_dir) \
                 else load_model(draft_dir, device, backend)
             bridge = bridge_for(tokenizer, target, draft, draft_dir, cross_vocab)
-            if draft_weights == "int8":
+            if draft_weights in ("auto", "int8"):
                 quantize_draft(draft)
+            elif draft_weights == "q8_0":
+                draft_to_q8_0(draft)
             bar.update()
     pair = ModelPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir is not None else None,
                      bridge=bridge if with_draft else None)
@@ -185,7 +189,7 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
         if not target.capabilities.features:
             raise CheckpointError("--method eagle drafts from the target's features, which needs the native "
                                   "Llama-family backend (a GGUF file or an HF checkpoint loaded natively)")
-        pair.eagle = load_eagle(pair.eagle_dir, target)
+        pair.eagle = load_eagle(pair.eagle_dir, target, weights="q8_0" if draft_weights == "auto" else draft_weights)
     return pair
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from verispec.config import COMMAND_CHAIN_POLICY, SamplingParams, SpecConfig
+from verispec.config import COMMAND_CHAIN_POLICY, DRAFT_WEIGHTS, SamplingParams, SpecConfig
 from verispec.errors import VerispecError
 
 DEFAULTS = SpecConfig()
@@ -72,10 +72,11 @@ def add_draft_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eagle", default=None, metavar="DIR",
                         help="--method eagle: the head's directory (default: the head shipped for --target "
                              "smollm2 or tiny)")
-    parser.add_argument("--draft-weights", choices=("int8", "native"), default="int8",
-                        help="int8 (default): the draft model's linear layers run with int8 weights (and on "
-                             "AMX-INT8 CPUs int8 inputs), half the bytes per draft step; lossless either way, "
-                             "only acceptance can move. native: the checkpoint's own weights")
+    parser.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default="auto",
+                        help="the drafter's own weights: int8 (its linear layers run with int8 weights and on "
+                             "AMX-INT8 CPUs int8 inputs), q8_0 (rounded to GGUF Q8_0 blocks, 8.5 bits a weight) "
+                             "or native (the checkpoint's); auto (default): int8 for a draft model, q8_0 for an "
+                             "EAGLE head. Lossless either way: only acceptance and draft speed move")
     parser.add_argument("--draft-vocab", default="auto", metavar="N|auto|all",
                         help="the draft model proposes only token ids < N, scoring a slice of its LM head "
                              "(lossless for any N: a target token outside is just never drafted); auto: "

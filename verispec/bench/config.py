@@ -84,7 +84,7 @@ class SpecSettings:
     ngram_max: int = SpecConfig.ngram_max
     ngram_min: int = SpecConfig.ngram_min
     draft_vocab: str | int = "auto"  # draft-model variants: ids the draft proposes (verispec generate --draft-vocab)
-    draft_weights: str = "int8"  # the draft model's weights in offline runs: int8 or native (--draft-weights)
+    draft_weights: str = "auto"  # the drafter's own weights in offline runs (--draft-weights; config.DRAFT_WEIGHTS)
     hf_assistant_schedule: str = "constant"  # transformers' num_assistant_tokens_schedule
     hf_assistant_confidence_threshold: float = 0.0  # 0: the assistant always drafts D - 1 tokens
 

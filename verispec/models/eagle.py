@@ -130,8 +130,9 @@ def save_eagle(head: EagleHead, out_dir: str | Path, target_name: str, extra: di
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True) -> EagleHead:
-    """A head saved by ``save_eagle``, over ``target``'s embedding, head and final norm."""
+def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True, weights: str = "native") -> EagleHead:
+    """A head saved by ``save_eagle``, over ``target``'s embedding, head and final norm; ``weights`` as
+    ``for_inference``."""
     from safetensors.torch import load_file
 
     from verispec.errors import CheckpointError
@@ -150,17 +151,33 @@ def load_eagle(path: str | Path, target: LlamaForCausalLM, kernels: bool = True)
     with weights_to_load():  # its fc, read next
         head = EagleHead(body, int(config.get("verispec_draft_vocab") or target.config.vocab_size))
     head.fc.weight.data = load_file(str(path / FC_FILE))["weight"].float().to(device)
-    return for_inference(head, kernels)
+    return for_inference(head, kernels, weights)
 
 
-def for_inference(head: EagleHead, kernels: bool = True) -> EagleHead:
-    """``head`` frozen in eval mode, its linear layers on the native few-row kernel when ``kernels``."""
+HEAD_WEIGHTS = ("q8_0", "int8", "native")  # how an inference head holds its own layers (``for_inference``)
+
+
+def for_inference(head: EagleHead, kernels: bool = True, weights: str = "native") -> EagleHead:
+    """``head`` frozen in eval mode, its linear layers on the native few-row kernel when ``kernels``.
+    ``weights`` (HEAD_WEIGHTS): the layer's and fc's weights as saved (native, bf16), rounded to GGUF
+    Q8_0 blocks (``round_to_q8_0``: 8.5 bits a weight on every path) or, on the kernel, int8 rows
+    (``kernels.quantize``). A head only proposes: its weights move acceptance, never what is
+    committed. The target's tensors it shares (embedding, LM head, norm) are never touched."""
     from verispec import kernels as native
+    from verispec.models.gguf import round_to_q8_0
 
+    if weights not in HEAD_WEIGHTS:
+        raise ValueError(f"unknown head weights {weights!r}; choose one of {', '.join(HEAD_WEIGHTS)}")
     head.eval()
     for parameter in head.parameters():
         parameter.requires_grad_(False)
+    own = [m for m in (*head.body.model.layers.modules(), head.fc) if isinstance(m, nn.Linear)]
+    if weights == "q8_0":
+        round_to_q8_0(own)
     if kernels:
         native.accelerate(head.body)
         native.accelerate(head.fc)
+        if weights == "int8":
+            native.quantize(head.body.model.layers)
+            native.quantize(head.fc)
     return head

@@ -237,3 +237,28 @@ def gguf_tokenizer(path: str | Path):
         if not folder.exists():
             partial.replace(folder)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def round_to_q8_0(linears) -> int:
+    """Round each of these nn.Linear layers (fp32, on the CPU, in_features % 32 == 0; a draft's own layers,
+    never a target's) to GGUF Q8_0 blocks with ``gguf``'s quantizer: 32 weights share an fp16 scale, each
+    an int8 multiple of it. The layer's weight becomes the blocks' dequantized values (in place) and
+    ``gguf_blocks`` holds the rows, so the kernel multiplies 8.5 bits a weight (AMX tiles where present)
+    and torch's path the same values: one draft on every path. Pack afterwards (``kernels.accelerate``).
+    Returns the layers rounded."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from verispec.kernels.formats import dequantize_blocks
+
+    rounded = 0
+    for layer in linears:
+        weight = layer.weight
+        if weight.dtype != torch.float32 or weight.is_cuda or layer.in_features % 32:
+            continue
+        raw = torch.from_numpy(np.ascontiguousarray(quantize(weight.detach().numpy(), GGMLQuantizationType.Q8_0)))
+        with torch.no_grad():
+            weight.copy_(dequantize_blocks("Q8_0", raw))
+        layer.gguf_blocks = ("Q8_0", raw)
+        rounded += 1
+    return rounded

@@ -73,7 +73,7 @@ def default_model_name(pair: ModelPair) -> str:
 
 
 def load_served_pair(target, draft, spec: SpecConfig, device: str = "cpu", backend: str = "auto",
-                     draft_weights: str = "int8", draft_vocab: str | int | None = "auto",
+                     draft_weights: str = "auto", draft_vocab: str | int | None = "auto",
                      eagle: str | None = None) -> tuple[ModelPair, SpecConfig]:
     """The pair a server runs and the spec it runs it with, as ``serve`` and each Ray replica load them: a
     draft model only for the draft-model method (its draft vocabulary resolved), the EAGLE head for
