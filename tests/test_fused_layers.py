@@ -386,3 +386,53 @@ def test_an_arena_places_parts_in_order_and_refuses_what_does_not_fit():
         arena.cat(parts[:1])
     with pytest.raises(ValueError, match="mixed"):
         kernels.Arena(1024).cat([parts[0], parts[1].float()])
+
+
+ATTENTION_SHAPES = {  # hidden size, q heads, KV heads: head_dim 72 (16-lane chunks and a tail of 8),
+    "d72_group3": (216, 3, 1),  # 128 (two 64-wide chunks), 64, 16 (short chunks); groups 3 (a pair and
+    "d128_group3": (384, 3, 1),  # a single head), 2 (one pair) and 4
+    "d64_group2": (256, 4, 2),
+    "d16_group4": (64, 4, 1),
+}
+
+
+@pytest.mark.skipif(not kernels.avx512(), reason=f"attention pairs run with the AVX-512 loop only "
+                    f"({kernels._avx512_reason or 'kernel unavailable'})")
+@pytest.mark.parametrize("shape", list(ATTENTION_SHAPES))
+def test_attention_pairs_give_the_bits_of_one_query_at_a_time(shape, monkeypatch):
+    """Two queries per 512-bit register (set_attention_pairs, the default with AVX-512) do each query's
+    arithmetic exactly as the 8-lane code does: every kind of pass (a long causal prefill crossing value
+    blocks, decode, verification, a tree mask, a ragged batch of two rows) gives the same bits both ways."""
+    hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
+    config = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=96, num_hidden_layers=2,
+                         max_position_embeddings=128, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    assert kernels.accelerate(model) > 0
+    tokens = torch.randint(0, 96, (2, 80), generator=torch.Generator().manual_seed(4))
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+
+    def passes(pairs: bool) -> list[torch.Tensor]:
+        assert kernels.set_attention_pairs(pairs) == pairs
+        try:
+            cache, out = model.new_cache(2), []
+            out.append(model.forward(tokens[:, :45], cache))
+            cache.commit(0, 45)
+            cache.commit(1, 37)  # ragged: row 1 keeps fewer slots
+            out.append(model.forward(tokens[:, 45:46], cache))
+            cache.commit(0, 1)
+            cache.commit(1, 1)
+            out.append(model.forward(tokens[:, 46:51], cache))
+            cache.commit(0, 3)
+            cache.commit(1, 5)
+            out.append(model.forward(tokens[:1, 60:64], model.new_cache(1), tree_mask=tree,
+                                     depths=torch.tensor([0, 1, 1, 2])))
+            return out
+        finally:
+            kernels.set_attention_pairs(True)
+
+    with Fused(True, monkeypatch) as fused:
+        paired, single = passes(True), passes(False)
+        assert fused.calls > 0
+    for a, b in zip(paired, single):
+        assert torch.equal(a, b)

@@ -40,6 +40,9 @@ products of K % 16 == 0, other widths the AVX2 loop), checked at load like the o
 self-check turns it off (the AVX2 loop is then checked alone), as does VERISPEC_AVX512=0; ``status()``
 names the loop in use. Each loop keeps rows independent; the two sum in different orders, so their
 bits differ by rounding (one process uses one loop for every pass unless ``set_avx512`` switches it).
+With it on, a decoder layer's attention also runs on 512-bit registers (two queries, or 16 dimensions,
+per register) doing each query's operations exactly as the 8-lane code does: the same bits, 3-14% less
+time per SmolLM2 pass on the Xeon (``set_attention_pairs`` switches it; experiments/attention_pairs.py).
 
 AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the tile state per process)
 bf16 weights whose shape is whole 16 x 32 tiles are stored tiled (int16 bit patterns, see
@@ -116,6 +119,14 @@ def avx512() -> bool:
     self-check passed and VERISPEC_AVX512 is not 0) for calls whose K is a multiple of 16; other calls,
     and every call elsewhere, take the AVX2 loop. AMX tiles, where packed, take precedence."""
     return library() is not None and not _avx512_reason
+
+
+def set_attention_pairs(on: bool) -> bool:
+    """Run the attention of two q heads in one 512-bit register (on, the default) or one at a time, for
+    later passes; returns whether pairs now run (only with the AVX-512 loop on). The results are
+    bit-identical either way, so this is for tests and A/B runs."""
+    lib = library()
+    return bool(lib is not None and lib.set_attention_pairs(int(on)))
 
 
 def set_avx512(on: bool) -> bool:

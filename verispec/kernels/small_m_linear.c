@@ -1073,8 +1073,16 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {
     }
 }
 
-/* q . k[i] for 8 keys at once (n % 8 == 0): one accumulator per key, reduced together by a transpose
- * of horizontal adds instead of 8 separate horizontal sums. */
+/* Eight keys' 8-lane accumulators reduced together (a transpose of horizontal adds instead of 8
+ * separate horizontal sums): lane i of the result is key i's sum, a fixed tree over its own lanes. */
+INLINE __m256 reduce8(const __m256 acc[8]) {
+    const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* q . k[i] for 8 keys at once (n % 8 == 0): one accumulator per key, reduced by reduce8. */
 INLINE __m256 dot8(const float *q, const float *const k[8], long n) {
     __m256 acc[8];
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
@@ -1082,10 +1090,7 @@ INLINE __m256 dot8(const float *q, const float *const k[8], long n) {
         const __m256 qv = _mm256_loadu_ps(q + d);
         for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), acc[i]);
     }
-    const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
-    const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
-    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+    return reduce8(acc);
 }
 
 /* exp(x), 8 lanes, |relative error| ~2e-7 for x in [-87, 88] (inputs are clamped there): x = n ln2 + r
@@ -1121,6 +1126,205 @@ static void exp_in_place(float *v, long n, float shift) {
     }
 }
 
+/* Values of one query's weights added into its output (att), slots j0 .. last - 1 in ascending order,
+ * those it sees (seen: its mask row over slots, NULL when causal and last already caps them); cursor is
+ * the index of its next weight in the compacted row. 8 accumulators in registers per 64 dimensions. */
+static void add_values(const float *row, float *out, long *cursor, const float *vbase, const long *slots,
+                       const uint8_t *seen, long j0, long last, long D) {
+    const long from = *cursor;
+    for (long d0 = 0; d0 < D; d0 += 64) {
+        const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
+        __m256 acc[8];
+        long at = from;  /* the next of the query's weights */
+        for (long c = 0; c < lanes; c++) acc[c] = _mm256_loadu_ps(out + d0 + 8 * c);
+        for (long j = j0; j < last; j++) {
+            if (seen && !seen[slots[j]]) continue;
+            const __m256 p = _mm256_set1_ps(row[at++]);
+            const float *v = vbase + slots[j] * D + d0;
+            if (lanes == 8)
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+            else
+                for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+        }
+        for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+        *cursor = at;
+    }
+}
+
+/* Attention pairs (AVX-512): two queries' 8-lane accumulators side by side in one 512-bit register, each
+ * half doing exactly what dot8 and add_values do for one query (the same FMAs on the same lanes in the
+ * same order), so results are bit-identical to the 8-lane code with half the FMA instructions. On by
+ * default where the AVX-512 loop is on; set_attention_pairs switches it (A/B runs and tests). */
+static int attend_pairs = 1;
+
+#ifndef VERISPEC_NO_AVX512
+/* One level of reduce8's tree for two queries at once: lanes of a and b (each 8 lanes of query A, then 8
+ * of query B) summed in adjacent pairs, a's sums before b's within each query's half. Three levels over
+ * 8 keys' accumulators give, per query, reduce8's sums: the same additions in the same tree. */
+INLINE512 __m512 pair_sums(__m512 a, __m512 b) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 16, 18, 20, 22, 8, 10, 12, 14, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 17, 19, 21, 23, 9, 11, 13, 15, 25, 27, 29, 31);
+    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+/* The scores of queries 0 .. 2 * (queries / 2) - 1 (query q: head q % group of token q / group, its row
+ * q of scores) against the n visible slots, two queries per 512-bit register: per query exactly dot8's
+ * FMAs and reduce8's additions (pair_sums), times scale. Causally (rows NULL) a pair skips the 8 slots
+ * that neither of its tokens sees; scores a token does not see are written but never read. Returns the
+ * number of queries done. */
+AVX512_TARGET static long scores_pairs(const float *qkv, long b, long T, long g, long group, long width, long D,
+                                       const float *kbase, const long *slots, long n, long stride,
+                                       long length, int causal, float scale, float *scores) {
+    const long done = T * group / 2 * 2;
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (long j = 0; j < n; j += 8) {
+        const float *k[8];
+        for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
+        for (long q = 0; q < done; q += 2) {
+            if (causal && j > length + (q + 1) / group) continue;
+            const float *qa = qkv + (b * T + q / group) * width + (g * group + q % group) * D;
+            const float *qb = qkv + (b * T + (q + 1) / group) * width + (g * group + (q + 1) % group) * D;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (long d = 0; d < D; d += 8) {
+                const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(qa + d)),
+                                                     _mm256_loadu_ps(qb + d), 1);
+#define KEY(i) _mm512_broadcast_f32x8(_mm256_loadu_ps(k[i] + d))
+                a0 = _mm512_fmadd_ps(qv, KEY(0), a0);
+                a1 = _mm512_fmadd_ps(qv, KEY(1), a1);
+                a2 = _mm512_fmadd_ps(qv, KEY(2), a2);
+                a3 = _mm512_fmadd_ps(qv, KEY(3), a3);
+                a4 = _mm512_fmadd_ps(qv, KEY(4), a4);
+                a5 = _mm512_fmadd_ps(qv, KEY(5), a5);
+                a6 = _mm512_fmadd_ps(qv, KEY(6), a6);
+                a7 = _mm512_fmadd_ps(qv, KEY(7), a7);
+#undef KEY
+            }
+            const __m512 sums = _mm512_mul_ps(pair_sums(pair_sums(pair_sums(a0, a1), pair_sums(a2, a3)),
+                                                        pair_sums(pair_sums(a4, a5), pair_sums(a6, a7))), sv);
+            _mm256_storeu_ps(scores + q * stride + j, _mm512_castps512_ps256(sums));
+            _mm256_storeu_ps(scores + (q + 1) * stride + j, _mm512_extractf32x8_ps(sums, 1));
+        }
+    }
+    return done;
+}
+
+/* add_values with 16 lanes: each output dimension is its own chain of FMAs in slot order, so 512-bit
+ * registers give add_values' results bit for bit with half the instructions (D % 16 == 8: the last 8
+ * dimensions in a 256-bit register). */
+AVX512_TARGET static void add_values16(const float *row, float *out, long *cursor, const float *vbase,
+                                       const long *slots, const uint8_t *seen, long j0, long last, long D) {
+    const long from = *cursor;
+    long at = from;
+    for (long d0 = 0; d0 < D; d0 += 64) {
+        const long wide = D - d0 < 64 ? (D - d0) / 16 : 4, tail = D - d0 < 64 && (D - d0) % 16;
+        __m512 acc[4];
+        __m256 rest = tail ? _mm256_loadu_ps(out + d0 + 16 * wide) : _mm256_setzero_ps();
+        at = from;
+        for (long c = 0; c < wide; c++) acc[c] = _mm512_loadu_ps(out + d0 + 16 * c);
+        for (long j = j0; j < last; j++) {
+            if (seen && !seen[slots[j]]) continue;
+            const float *v = vbase + slots[j] * D + d0;
+            const __m512 p = _mm512_set1_ps(row[at++]);
+            if (wide == 4)
+                for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            else
+                for (long c = 0; c < wide; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            if (tail) rest = _mm256_fmadd_ps(_mm512_castps512_ps256(p), _mm256_loadu_ps(v + 16 * wide), rest);
+        }
+        for (long c = 0; c < wide; c++) _mm512_storeu_ps(out + d0 + 16 * c, acc[c]);
+        if (tail) _mm256_storeu_ps(out + d0 + 16 * wide, rest);
+    }
+    *cursor = at;
+}
+
+/* add_values for two queries that see the same slots (two q heads of one token) in one 512-bit register
+ * per 8 dimensions (query a's lanes, then b's): one weight cursor for both. */
+AVX512_TARGET static void add_values_pair(const float *row_a, const float *row_b, float *out_a, float *out_b,
+                                          long *cursor_a, long *cursor_b, const float *vbase, const long *slots,
+                                          const uint8_t *seen, long j0, long last, long D) {
+    const long from = *cursor_a;
+    long at = from;
+    for (long d0 = 0; d0 < D; d0 += 64) {
+        const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
+        __m512 acc[8];
+        at = from;
+        for (long c = 0; c < lanes; c++)
+            acc[c] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(out_a + d0 + 8 * c)),
+                                        _mm256_loadu_ps(out_b + d0 + 8 * c), 1);
+        for (long j = j0; j < last; j++) {
+            if (seen && !seen[slots[j]]) continue;
+            const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(row_a[at]), _mm256_set1_ps(row_b[at]), 1);
+            at++;
+            const float *v = vbase + slots[j] * D + d0;
+            if (lanes == 8)
+                for (int c = 0; c < 8; c++)
+                    acc[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(v + 8 * c)), acc[c]);
+            else
+                for (long c = 0; c < lanes; c++)
+                    acc[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(v + 8 * c)), acc[c]);
+        }
+        for (long c = 0; c < lanes; c++) {
+            _mm256_storeu_ps(out_a + d0 + 8 * c, _mm512_castps512_ps256(acc[c]));
+            _mm256_storeu_ps(out_b + d0 + 8 * c, _mm512_extractf32x8_ps(acc[c], 1));
+        }
+    }
+    *cursor_a = *cursor_b = at;
+}
+
+/* exp8 on 16 lanes: the same operations lane by lane, so the same results (cvtps2dq rounds to nearest
+ * under the default MXCSR in both widths). */
+INLINE512 __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+}
+
+/* exp_in_place over whole groups of 16, the rest (fewer than 16) by exp_in_place: the same values. */
+AVX512_TARGET static void exp_in_place16(float *v, long n, float shift) {
+    long j = 0;
+    const __m512 sv = _mm512_set1_ps(shift);
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(v + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(v + j), sv)));
+    exp_in_place(v + j, n - j, shift);
+}
+#else
+static long scores_pairs(const float *qkv, long b, long T, long g, long group, long width, long D,
+                         const float *kbase, const long *slots, long n, long stride, long length, int causal,
+                         float scale, float *scores) {
+    (void)qkv; (void)b; (void)T; (void)g; (void)group; (void)width; (void)D; (void)kbase; (void)slots; (void)n;
+    (void)stride; (void)length; (void)causal; (void)scale; (void)scores;
+    return 0;
+}
+static void add_values16(const float *row, float *out, long *cursor, const float *vbase, const long *slots,
+                         const uint8_t *seen, long j0, long last, long D) {
+    (void)row; (void)out; (void)cursor; (void)vbase; (void)slots; (void)seen; (void)j0; (void)last; (void)D;
+}
+static void exp_in_place16(float *v, long n, float shift) { exp_in_place(v, n, shift); }
+static void add_values_pair(const float *row_a, const float *row_b, float *out_a, float *out_b, long *cursor_a,
+                            long *cursor_b, const float *vbase, const long *slots, const uint8_t *seen, long j0,
+                            long last, long D) {
+    (void)row_a; (void)row_b; (void)out_a; (void)out_b; (void)cursor_a; (void)cursor_b; (void)vbase; (void)slots;
+    (void)seen; (void)j0; (void)last; (void)D;
+}
+#endif
+
+/* Turn attention pairs on (1) or off (0) for later calls; returns whether they now run (only with the
+ * AVX-512 loop on). Results are the same either way. */
+int set_attention_pairs(int on) {
+    attend_pairs = on;
+    return attend_pairs && use_avx512;
+}
+
 /* Attention of row b's T new tokens to KV head g with its q heads (att rows b * T + t). Each key and
  * value vector is read once for all T x group queries, so verifying T tokens moves about as much of
  * the cache as decoding one: first the scores of every slot visible to any of the tokens, then per
@@ -1131,7 +1335,10 @@ static void exp_in_place(float *v, long n, float shift) {
  * scores are moved to the front of its row, in slot order, before the softmax, so its max, its sum
  * (8 lanes over that compact list) and its weights see only its own slots; the value sum runs over
  * them in ascending order (held in att between blocks, which is exact). So a token's output is the
- * same whatever shares the call.
+ * same whatever shares the call. With the AVX-512 loop on (and set_attention_pairs), the scores, the
+ * exponentials and the value sums run on 512-bit registers holding two queries or 16 dimensions,
+ * operation for operation as the 8-lane code (scores_pairs, exp_in_place16, add_values_pair,
+ * add_values16): the same bits, fewer instructions.
  * Scratch: scores (S + 8) x group x T floats, slots S + 8 longs, cursors group x T longs. */
 #define VALUE_BLOCK 32
 static void attend_row(const float *qkv, float *att, const float *keys, const float *values, long b, long g,
@@ -1153,14 +1360,18 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
     const long stride = (n + 7) / 8 * 8;
 #define QUERY(t, i) (qkv + (b * T + (t)) * width + (g * group + (i)) * D)
 #define SEES(t, j) (rows ? rows[(t) * S + slots[j]] != 0 : (j) <= lengths[b] + (t))
+    const int pairs = attend_pairs && use_avx512;
+    /* query q is head q % group of token q / group; its scores are row q */
+    const long paired = pairs ? scores_pairs(qkv, b, T, g, group, width, D, kbase, slots, n, stride,
+                                             rows ? 0 : lengths[b], !rows, scale, scores) : 0;
     for (long j = 0; j < n; j += 8) {
+        if (paired == T * group) break;
         const float *k[8];
         for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
-        for (long t = 0; t < T; t++) {
-            if (!rows && j > lengths[b] + t) continue;  /* causal: none of these 8 visible to t */
-            for (long i = 0; i < group; i++)
-                _mm256_storeu_ps(scores + (t * group + i) * stride + j,
-                                 _mm256_mul_ps(dot8(QUERY(t, i), k, D), _mm256_set1_ps(scale)));
+        for (long q = paired; q < T * group; q++) {
+            if (!rows && j > lengths[b] + q / group) continue;  /* causal: none of these 8 visible */
+            _mm256_storeu_ps(scores + q * stride + j, _mm256_mul_ps(dot8(QUERY(q / group, q % group), k, D),
+                                                                    _mm256_set1_ps(scale)));
         }
     }
     for (long t = 0; t < T; t++)
@@ -1180,7 +1391,7 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
             float lanes[8], top = -INFINITY;
             _mm256_storeu_ps(lanes, top8);
             for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
-            exp_in_place(row, count, top);
+            (pairs ? exp_in_place16 : exp_in_place)(row, count, top);
             for (long j = count; j < (count + 7) / 8 * 8; j++) row[j] = 0.0f;
             __m256 sum8 = _mm256_setzero_ps();
             for (long j = 0; j < count; j += 8) sum8 = _mm256_add_ps(sum8, _mm256_loadu_ps(row + j));
@@ -1195,29 +1406,21 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
         const long j1 = j0 + VALUE_BLOCK < n ? j0 + VALUE_BLOCK : n;
         for (long t = 0; t < T; t++) {
             const long last = rows ? j1 : (j1 < lengths[b] + t + 1 ? j1 : lengths[b] + t + 1);
-            for (long i = 0; i < group; i++) {
-                const float *row = scores + (t * group + i) * stride;
-                float *out = att + (b * T + t) * heads * D + (g * group + i) * D;
-                long *cursor = cursors + t * group + i;
-                const long from = *cursor;
-                for (long d0 = 0; d0 < D; d0 += 64) {  /* 8 accumulators in registers over the block */
-                    const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
-                    __m256 acc[8];
-                    long at = from;  /* the next of the query's weights */
-                    for (long c = 0; c < lanes; c++) acc[c] = _mm256_loadu_ps(out + d0 + 8 * c);
-                    for (long j = j0; j < last; j++) {
-                        if (!SEES(t, j)) continue;
-                        const __m256 p = _mm256_set1_ps(row[at++]);
-                        const float *v = vbase + slots[j] * D + d0;
-                        if (lanes == 8)
-                            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-                        else
-                            for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-                    }
-                    for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
-                    *cursor = at;
-                }
-            }
+            const uint8_t *seen = rows ? rows + t * S : NULL;
+#define OUT(i) (att + (b * T + t) * heads * D + (g * group + (i)) * D)
+            long i = 0;
+            for (; pairs && i + 1 < group; i += 2)  /* two heads of token t see the same slots */
+                add_values_pair(scores + (t * group + i) * stride, scores + (t * group + i + 1) * stride, OUT(i),
+                                OUT(i + 1), cursors + t * group + i, cursors + t * group + i + 1, vbase, slots,
+                                seen, j0, last, D);
+            for (; i < group; i++)
+                if (pairs)
+                    add_values16(scores + (t * group + i) * stride, OUT(i), cursors + t * group + i, vbase, slots,
+                                 seen, j0, last, D);
+                else
+                    add_values(scores + (t * group + i) * stride, OUT(i), cursors + t * group + i, vbase, slots,
+                               seen, j0, last, D);
+#undef OUT
         }
     }
 #undef QUERY
