@@ -41,7 +41,7 @@ self-check turns it off (the AVX2 loop is then checked alone), as does VERISPEC_
 names the loop in use. Each loop keeps rows independent; the two sum in different orders, so their
 bits differ by rounding (one process uses one loop for every pass unless ``set_avx512`` switches it).
 With it on, a decoder layer's attention also runs on 512-bit registers (two queries, or 16 dimensions,
-per register) doing each query's operations exactly as the 8-lane code does: the same bits, 3-14% less
+per register) doing each query's operations exactly as the 8-lane code does: the same bits, 2-15% less
 time per SmolLM2 pass on the Xeon (``set_attention_pairs`` switches it; experiments/attention_pairs.py).
 
 AMX: on CPUs with AMX-BF16 (Intel Sapphire Rapids and later; Linux grants the tile state per process)
