@@ -1093,25 +1093,28 @@ INLINE __m256 dot8(const float *q, const float *const k[8], long n) {
     return reduce8(acc);
 }
 
-/* exp(x), 8 lanes, |relative error| ~2e-7 for x in [-87, 88] (inputs are clamped there): x = n ln2 + r
+/* exp(x) lane by lane, |relative error| ~2e-7 for x in [-87, 88] (inputs are clamped there): x = n ln2 + r
  * with |r| <= ln2 / 2 (ln2 split in two for the reduction), exp(r) by the degree-6 minimax polynomial
- * of the Cephes library's expf, 2^n through the exponent bits. */
-INLINE __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
+ * of the Cephes library's expf, 2^n through the exponent bits. One body for 8 lanes (exp8) and 16
+ * (exp16), P the intrinsics' prefix: the same operations, so each lane gets the same result in both
+ * widths (cvtps2dq rounds to nearest under the default MXCSR in both). */
+#define EXP_LANES(V, VI, P, ROUND, CAST)                                                                \
+    x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.0f)), P##_set1_ps(88.0f));                             \
+    const V n = ROUND(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)),                                 \
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                                    \
+    V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                               \
+    r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                              \
+    V p = P##_set1_ps(1.9875691500e-4f);                                                                \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.3981999507e-3f));                                              \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(8.3334519073e-3f));                                              \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(4.1665795894e-2f));                                              \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.6666665459e-1f));                                              \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(5.0000001201e-1f));                                              \
+    p = P##_add_ps(P##_fmadd_ps(p, P##_mul_ps(r, r), r), P##_set1_ps(1.0f));                            \
+    const VI scale = P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23);        \
+    return P##_mul_ps(p, CAST(scale));
+
+INLINE __m256 exp8(__m256 x) { EXP_LANES(__m256, __m256i, _mm256, _mm256_round_ps, _mm256_castsi256_ps) }
 
 /* exp over n floats in place (any n: the tail goes through a padded copy). */
 static void exp_in_place(float *v, long n, float shift) {
@@ -1271,24 +1274,7 @@ AVX512_TARGET static void add_values_pair(const float *row_a, const float *row_b
     *cursor_a = *cursor_b = at;
 }
 
-/* exp8 on 16 lanes: the same operations lane by lane, so the same results (cvtps2dq rounds to nearest
- * under the default MXCSR in both widths). */
-INLINE512 __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
-}
+INLINE512 __m512 exp16(__m512 x) { EXP_LANES(__m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi512_ps) }
 
 /* exp_in_place over whole groups of 16, the rest (fewer than 16) by exp_in_place: the same values. */
 AVX512_TARGET static void exp_in_place16(float *v, long n, float shift) {
