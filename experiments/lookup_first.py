@@ -8,9 +8,10 @@ decoding's.
     OMP_NUM_THREADS=1 python experiments/lookup_first.py --prompts 4 --tokens 128 --repeats 3
         [--variants off,ngram:4,eagle:2,eagle+3:2,...]
 
-A variant is off or drafter[+N]:G[a][:I]: drafter eagle, model or ngram; +N lookup first with repeats of N+
-tokens; G drafts per round (with a: the adaptive policy, at most G); :I holds the drafter behind the
-lookup to I drafts a round (lookups still draft up to G). With --eagle-b DIR, a variant ending in @B uses
+A variant is off or drafter[+N[/L]]:G[a][:I]: drafter eagle, model or ngram; +N lookup first with repeats of
+N+ tokens, /L letting a lookup draft up to L (--lookup-drafts L); G drafts per round (with a: the adaptive
+policy, at most G); :I holds the drafter behind the lookup to I drafts a round (lookups still draft up to
+G). With --eagle-b DIR, a variant ending in @B uses
 that head instead of the shipped one (e.g. eagle+3:2,eagle+3:2@B: a retrained head against the shipped one).
 """
 
@@ -37,7 +38,9 @@ def spec_for(variant: str) -> SpecConfig:
         return SpecConfig(method="none")
     head, gamma = variant.split(":")[:2]
     drafter, _, lookup = head.partition("+")
+    lookup, _, lookup_drafts = lookup.partition("/")
     return SpecConfig(method="chain", gamma=int(gamma.rstrip("a")), drafter=drafter, lookup=int(lookup or 0),
+                      lookup_drafts=int(lookup_drafts or 0),
                       gamma_policy="adaptive" if gamma.endswith("a") else "fixed", draft_vocab=None)
 
 

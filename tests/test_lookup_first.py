@@ -153,5 +153,78 @@ def test_bench_variants_name_the_lookup():
     assert variant.spec.drafter == "eagle" and variant.spec.lookup == 3 and variant.spec.gamma == 2
     assert parse_variant("self+2@3", SpecSettings()).spec.exit_layer == 3
     assert parse_variant("chain:2", SpecSettings()).spec.lookup == 0
+    wide = parse_variant("eagle+3/6:2", SpecSettings()).spec
+    assert (wide.lookup, wide.lookup_drafts, wide.gamma) == (3, 6, 2)
+    with pytest.raises(Exception, match="lookup first"):
+        parse_variant("eagle+3/x:2", SpecSettings())
     with pytest.raises(Exception, match="lookup first"):
         parse_variant("ngram+3:2", SpecSettings())
+
+
+def test_a_lookup_can_draft_past_the_rounds_gamma():
+    """--lookup-drafts L: a repeat drafts up to max(gamma, L) tokens; the drafter keeps the round's number;
+    a round that asks for nothing drafts nothing."""
+    inner = Recorder()
+    drafter = LookupFirst(inner, min_n=2, lookup_drafts=5)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    assert drafter.propose(context, 2, GREEDY, None).tokens.tolist() == [3, 4, 5, 6, 7]
+    assert drafter.propose(context, 7, GREEDY, None).tokens.tolist() == [3, 4, 5, 6, 7, 8, 1]
+    assert drafter.propose(context, 0, GREEDY, None).num_drafts == 0
+    assert drafter.propose([1, 2, 3, 4, 5, 6, 9, 2], 2, GREEDY, None).tokens.tolist() == [7, 7]
+    assert inner.asked == [(10, 0), (8, 2)]
+
+
+def test_a_chain_proposal_is_cut_to_what_the_request_can_commit():
+    proposal = Proposal(torch.tensor([4, 5, 6, 7]), torch.full((4, 9), 1 / 9))
+    cut = proposal.capped(3)
+    assert cut.tokens.tolist() == [4, 5] and cut.probs.shape == (2, 9)
+    assert proposal.capped(5) is proposal and proposal.capped(0).num_drafts == 0
+
+
+def _long_repeats(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        motif = [rng.randrange(64) for _ in range(7)]
+        prompts.append(motif * 3 + motif[:3])
+    return prompts
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_long_lookups_decode_as_plain_within_the_budget(models, head, drafter, monkeypatch):  # noqa: F811
+    """gamma 2 with --lookup-drafts 8 over prompts that repeat 7-token motifs (the test models' greedy
+    outputs fall into loops, which lookups draft far): some rounds verify more than gamma drafts, none
+    more than the request can still commit (lengths 23 and 37 end inside loops), and the tokens equal
+    plain decoding, alone (SpecEngine) and batched (BatchEngine, 4 rows)."""
+    target, draft = models
+    spec = SpecConfig(gamma=2, drafter=drafter, lookup=2, lookup_drafts=8)
+    prompts = _long_repeats(5, 6)
+    cuts, capped = [], Proposal.capped
+    monkeypatch.setattr(Proposal, "capped", lambda self, remaining: cuts.append(self.num_drafts >= remaining)
+                        or capped(self, remaining))
+    longest = 0
+    for index, prompt in enumerate(prompts):
+        max_tokens = (23, 37)[index % 2]
+        engine = SpecEngine(target, LookupFirst(drafter_for(spec, target, draft, head), min_n=2, lookup_drafts=8))
+        result = engine.generate(prompt, GREEDY, spec, StopRules(max_tokens=max_tokens))
+        assert result.tokens == plain(target, prompt, max_tokens=max_tokens).tokens
+        longest = max(longest, max(r.drafted for r in result.stats.rounds))
+    assert longest > spec.gamma and any(cuts)  # lookups past gamma, and some cut at the budget
+    queue = [BatchRequest(str(i), p, GREEDY, StopRules(max_tokens=(23, 37)[i % 2])) for i, p in enumerate(prompts)]
+    engine = BatchEngine(target, draft, spec, max_batch=4, eagle=head)
+    out, finished = run_batched(engine, queue)
+    rounds = [r for event in finished.values() for r in event.stats.rounds]
+    assert max(r.drafted for r in rounds) > spec.gamma
+    for request in queue:
+        assert out[request.request_id] == plain(target, request.prompt_ids, max_tokens=request.stop.max_tokens).tokens
+
+
+def test_lookup_drafts_need_a_lookup():
+    with pytest.raises(SamplingError, match="needs --lookup"):
+        SpecConfig(lookup_drafts=4)
+    with pytest.raises(SamplingError, match="0..64"):
+        SpecConfig(lookup=3, lookup_drafts=65)
+    run = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "hi", "--target", "tiny",
+                          "--lookup-drafts", "6"], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "--lookup" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1

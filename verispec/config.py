@@ -148,6 +148,7 @@ class SpecConfig:
     ngram_min: int = 1
     exit_layer: int = 2  # early_exit: layers that draft
     lookup: int = 0  # chains: >= 1 drafts a round from a repeat of the context's last `lookup`+ tokens first
+    lookup_drafts: int = 0  # with lookup: a round drafted from a repeat drafts up to this many (0: the round's gamma)
     draft_vocab: int | None = None  # draft model: propose only token ids < N (None: its whole vocabulary)
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -168,6 +169,10 @@ class SpecConfig:
             raise SamplingError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.lookup < 0:
             raise SamplingError(f"lookup must be >= 0 (0: off), got {self.lookup}")
+        if not 0 <= self.lookup_drafts <= 64:
+            raise SamplingError(f"lookup_drafts must be in 0..64 (0: the round's gamma), got {self.lookup_drafts}")
+        if self.lookup_drafts and not self.lookup:
+            raise SamplingError("--lookup-drafts sets how far a lookup drafts; it needs --lookup N")
         if self.lookup and (self.method != "chain" or self.drafter == "ngram"):
             raise SamplingError("--lookup puts a context lookup before a chain's drafter (model, self or eagle); "
                                 "drop --lookup" + (" or --tree" if self.method == "tree" else ""))
@@ -191,6 +196,12 @@ class SpecConfig:
         if self.method == "tree":
             return self.tree_shape.num_drafts
         return 0
+
+    @property
+    def widest_chain(self) -> int:
+        """The most drafts a round may verify: ``max_drafts``, or more where a lookup drafts further
+        (``lookup_drafts``); what caches are sized for."""
+        return max(self.max_drafts, self.lookup_drafts if self.lookup else 0)
 
     @property
     def enabled(self) -> bool:

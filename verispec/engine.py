@@ -91,8 +91,9 @@ class Generation:
         self.acceptance = AcceptanceCounts()  # this request's, for the gamma policy
         self.result: GenerationResult | None = None
         self.cache: KVCache = engine.target.new_cache(
-            1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.max_drafts + 1))
+            1, min(max_context, len(prompt_ids) + stop.max_tokens + spec.widest_chain + 1))
         self.finish_reason: str | None = None
+        self._asked = 0  # drafts the last round asked its drafter for (the gamma policy keys rounds by it)
         self.stop_text_index: int | None = None
         # A feature drafter (EAGLE) reads the target's final features of every committed token, taken
         # from the passes that run anyway: the prefill's and each verification's.
@@ -153,7 +154,7 @@ class Generation:
     def _propose(self, record: RoundRecord) -> Proposal:
         began = time.perf_counter()
         remaining = self.stop.max_tokens - len(self.generated)
-        num_drafts = min(self._gamma(), remaining - 1)
+        num_drafts = self._asked = min(self._gamma(), remaining - 1)
         drafter = self.engine.drafter
         if num_drafts <= 0:
             proposal = Proposal(torch.empty(0, dtype=torch.long), None)
@@ -163,7 +164,7 @@ class Generation:
             proposal = drafter.propose_tree(self.context, self.spec.tree_shape, self._sibling_mode(),
                                             self.sampling, self.generator).capped(remaining)
         else:
-            proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator)
+            proposal = drafter.propose(self.context, num_drafts, self.sampling, self.generator).capped(remaining)
         if self.guide is not None and proposal.tree is None:
             proposal = self._guide_chain(proposal)
         record.draft_s = time.perf_counter() - began
@@ -310,8 +311,9 @@ class Generation:
             prompt_s = reads.prompt_s if record.drafted else 0.0
             read_tokens = reads.tokens if record.drafted else 0
             report_draft_reads(policy, 1, prompt_s, read_tokens, record.draft_read_s)
-            policy.observe(1, record.drafted, record.total_s - record.draft_read_s, [record.accepted],
-                           [record.drafted])
+            # A lookup drafting past the round's gamma (--lookup-drafts) is that gamma's round.
+            policy.observe(1, min(record.drafted, self._asked), record.total_s - record.draft_read_s,
+                           [record.accepted], [record.drafted])
             self.acceptance.add(record.accepted, record.drafted)
         self.stats.rounds.append(record)
         if chunk:

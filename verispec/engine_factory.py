@@ -59,7 +59,7 @@ def build_engine(pair: ModelPair, spec: SpecConfig) -> SpecEngine:
         drafter = DraftModelDrafter(pair.draft, vocab_limit=spec.draft_vocab) if pair.bridge is None \
             else CrossVocabDrafter(pair.draft, pair.bridge, vocab_limit=spec.draft_vocab)
     if drafter is not None:
-        drafter = behind_lookup(drafter, spec.lookup)
+        drafter = behind_lookup(drafter, spec.lookup, spec.lookup_drafts)
     tokenizer = pair.tokenizer
     policy = make_policy(spec.gamma_policy, spec.gamma) if spec.method == "chain" else None
     return SpecEngine(pair.target, drafter, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -73,7 +73,8 @@ def row_drafter(pair: ModelPair, spec: SpecConfig):
     if not (spec.enabled and spec.drafter == "model") or pair.bridge is None or pair.draft is None:
         return None
     draft, bridge, vocab_limit = pair.draft, pair.bridge, spec.draft_vocab
-    return lambda: behind_lookup(CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit), spec.lookup)
+    return lambda: behind_lookup(CrossVocabDrafter(draft, bridge, vocab_limit=vocab_limit), spec.lookup,
+                                 spec.lookup_drafts)
 
 
 def build_single(pair: ModelPair, spec: SpecConfig):

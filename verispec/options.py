@@ -62,6 +62,9 @@ def add_shape_options(parser: argparse.ArgumentParser) -> None:
                              "(up to 8) occurred earlier in the context drafts what followed them there "
                              "(prompt lookup, free), other rounds ask the drafter; 3 is a good N (default "
                              f"{DEFAULTS.lookup}: off)")
+    parser.add_argument("--lookup-drafts", type=int, default=DEFAULTS.lookup_drafts, metavar="L",
+                        help="with --lookup: a round drafted from a repeat drafts up to L tokens (it costs no "
+                             "drafter time; the drafter keeps --gamma); default 0: the round's gamma")
     parser.add_argument("--sibling-mode", choices=["deterministic", "iid", "without_replacement"],
                         default="deterministic",
                         help="how tree siblings are drawn when sampling: top-k point masses (default), iid "
@@ -100,7 +103,7 @@ def spec_from_args(args):
                       tree=args.tree or DEFAULTS.tree, sibling_mode=args.sibling_mode,
                       drafter={"ngram": "ngram", "self": "early_exit", "eagle": "eagle"}.get(args.method, "model"),
                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
-                      lookup=args.lookup)
+                      lookup=args.lookup, lookup_drafts=args.lookup_drafts)
 
 
 def eagle_args(args, spec) -> dict:

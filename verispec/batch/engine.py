@@ -97,7 +97,7 @@ class BatchEngine:
 
     @staticmethod
     def _slack(spec: SpecConfig) -> int:
-        widest = max(spec.gamma, spec.max_drafts, spec.tree_shape.cache_positions if spec.method == "tree" else 0)
+        widest = max(spec.gamma, spec.widest_chain, spec.tree_shape.cache_positions if spec.method == "tree" else 0)
         return widest + FORCED_DRAFTS + CATCH_UP_ALONE + PREDICTION_SLACK + 2
 
     @property
@@ -226,9 +226,10 @@ class BatchEngine:
         # all: charged to speculation as a whole.
         prompts_s, prompts, reads_s, read_tokens = reads
         report_draft_reads(self.gamma_policy, len(verdicts), prompts_s, read_tokens, reads_s, prompts)
-        # Positions a round could accept: K for a chain, the depth for a tree (a grammar's forced drafts
-        # are free: the policy judges the drafter's own).
-        depths = [int(t.compile().depths.max()) if t is not None else k for t, k in zip(trees, num_drafts)]
+        # Positions a round could accept: K for a chain (a lookup's own length), the depth for a tree (a
+        # grammar's forced drafts are free: the policy judges the drafter's own).
+        depths = [int(t.compile().depths.max()) if t is not None else len(r) or k
+                  for t, k, r in zip(trees, num_drafts, repeats)]
         self.gamma_policy.observe(len(verdicts), gamma, now - began - reads_s,
                                   [min(v.num_accepted, k) for v, k in zip(verdicts, depths)], depths)
         positions = [int(t.compile().depths.max()) if t is not None else len(d) for t, d in zip(trees, drafts)]
@@ -246,10 +247,12 @@ class BatchEngine:
 
     def _repeats(self, num_drafts: list[int]) -> list[list[int]]:
         """Per row, what followed an earlier occurrence of its context's last tokens (``--lookup``, for the
-        batched draft; each row's own drafter looks up itself), up to its drafts; [] where none."""
+        batched draft; each row's own drafter looks up itself), up to its drafts or ``--lookup-drafts``
+        (within its remaining tokens and room); [] where none."""
         if self.lookup is None:
             return [[] for _ in self.rows]
-        return [self.lookup.lookup(s.context, count) if count else [] for s, count in zip(self.rows, num_drafts)]
+        return [self.lookup.lookup(s.context, self._drafts_allowed(s, max(count, self.spec.lookup_drafts)))
+                if count else [] for s, count in zip(self.rows, num_drafts)]
 
     def _drafts_allowed(self, sequence: Row, gamma: int) -> int:
         room = self.max_len - len(sequence.context) - 1

@@ -48,13 +48,13 @@ def drafter_maker(spec: SpecConfig, target, draft, eagle, cache_len: int) -> Cal
             "early_exit": lambda: EarlyExitDrafter(target, spec.exit_layer),
             "eagle": lambda: EagleDrafter(eagle, cache_len),
             "model": lambda: DraftModelDrafter(draft, cache_len, vocab_limit=spec.draft_vocab)}[spec.drafter]
-    return (lambda: behind_lookup(make(), spec.lookup)) if spec.lookup else make
+    return (lambda: behind_lookup(make(), spec.lookup, spec.lookup_drafts)) if spec.lookup else make
 
 
 def propose_own(sequence: Row, spec: SpecConfig, num_drafts: int, room: int, bind_view) -> Proposal:
     """This round's proposal from the row's own drafter: a tree of the spec's shape where the cache room
     takes one (``tree.use_tree``), cut to the depth the remaining tokens can commit, else a chain of
-    ``num_drafts``."""
+    ``num_drafts`` (a lookup's may be longer: cut to the remaining tokens and the cache room)."""
     drafter, params = sequence.drafter, sequence.request.sampling
     if drafter.shares_target_cache:
         drafter.bind(bind_view())
@@ -64,7 +64,8 @@ def propose_own(sequence: Row, spec: SpecConfig, num_drafts: int, room: int, bin
                                     sequence.generator).capped(sequence.remaining)
     if num_drafts <= 0:
         return Proposal(torch.empty(0, dtype=torch.long), None)
-    return drafter.propose(sequence.context, num_drafts, params, sequence.generator)
+    proposal = drafter.propose(sequence.context, num_drafts, params, sequence.generator)
+    return proposal.capped(min(sequence.remaining, room))
 
 
 def tree_inputs(roots: list[int], drafts: list[list[int]], trees: list[TokenTree | None]

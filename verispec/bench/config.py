@@ -210,7 +210,8 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
     hf_assisted | hf_prompt_lookup`` (eagle: the target's feature head, ``--method eagle``).
     Chains default to G = budget - 1 drafts, i.e. the same D verified nodes per round as the trees;
     ``self@E`` drafts from exit layer E (default: spec.exit_layer), so one run can sweep E.
-    ``chain+N``, ``self+N``, ``eagle+N`` (then ``:G``, ``@E``): lookup first (``--lookup N``)."""
+    ``chain+N``, ``self+N``, ``eagle+N`` (then ``:G``, ``@E``): lookup first (``--lookup N``); ``+N/L``
+    lets a lookup draft up to L (``--lookup-drafts L``)."""
     gamma = spec.budget - 1
     head, _, arg = name.partition(":")
     exit_layer = spec.exit_layer
@@ -221,9 +222,12 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
             raise VerispecError(f"bad variant {name!r}: write self@E or self:G@E with exit layer E >= 1")
         exit_layer = int(exit_text)
     head, plus, lookup_text = head.partition("+")
-    if plus and (head not in ("chain", "self", "eagle") or not lookup_text.isdigit() or int(lookup_text) < 1):
-        raise VerispecError(f"bad variant {name!r}: lookup first is chain+N, self+N or eagle+N with N >= 1")
-    lookup = int(lookup_text) if plus else 0
+    lookup_text, slash, drafts_text = lookup_text.partition("/")
+    if plus and (head not in ("chain", "self", "eagle") or not lookup_text.isdigit() or int(lookup_text) < 1
+                 or (slash and not drafts_text.isdigit())):
+        raise VerispecError(f"bad variant {name!r}: lookup first is chain+N, self+N or eagle+N with N >= 1 "
+                            "(+N/L: lookups draft up to L)")
+    lookup, lookup_drafts = (int(lookup_text) if plus else 0), (int(drafts_text) if slash else 0)
     try:
         if name == "off":
             return Variant(name, "native", SpecConfig(method="none"))
@@ -231,7 +235,8 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
             gamma = int(arg) if arg else gamma
             drafter = {"chain": "model", "ngram": "ngram", "self": "early_exit", "eagle": "eagle"}[head]
             config = SpecConfig(method="chain", gamma=gamma, drafter=drafter, ngram_max=spec.ngram_max,
-                                ngram_min=spec.ngram_min, exit_layer=exit_layer, lookup=lookup)
+                                ngram_min=spec.ngram_min, exit_layer=exit_layer, lookup=lookup,
+                                lookup_drafts=lookup_drafts)
             return Variant(name, "native", config, None, gamma, gamma + 1, gamma + 1 == spec.budget)
         if head in ("tree", "eagle-tree") and arg:
             shape = TreeShape.parse(arg)
@@ -244,8 +249,9 @@ def parse_variant(name: str, spec: SpecSettings) -> Variant:
             return Variant(name, "peer", None, peer, drafts, drafts + 1, True)
     except ValueError:
         pass
-    raise VerispecError(f"unknown variant {name!r}; use off, chain[+N][:G], tree:sN_kK_dD, tree:dynamic:D, ngram[:G], "
-                        "self[+N][:G][@E], eagle[+N][:G], eagle-tree:SHAPE, hf, hf_assisted or hf_prompt_lookup")
+    raise VerispecError(f"unknown variant {name!r}; use off, chain[+N[/L]][:G], tree:sN_kK_dD, tree:dynamic:D, "
+                        "ngram[:G], self[+N[/L]][:G][@E], eagle[+N[/L]][:G], eagle-tree:SHAPE, hf, hf_assisted or "
+                        "hf_prompt_lookup")
 
 
 def _validate(config: BenchConfig) -> None:

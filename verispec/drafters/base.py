@@ -38,10 +38,16 @@ class Proposal:
         return int(self.tokens.shape[0])
 
     def capped(self, remaining: int) -> "Proposal":
-        """A tree cut to the depth a request with ``remaining`` tokens to generate can commit (its
-        deepest accepted path plus one token); chains, and trees that fit, unchanged."""
+        """Cut to what a request with ``remaining`` tokens to generate can commit (its deepest accepted
+        path plus one token): a tree to that depth, a chain (a lookup may draft past the round's gamma)
+        to ``remaining - 1`` drafts; proposals that fit unchanged."""
         if self.tree is None:
-            return self
+            limit = max(0, remaining - 1)
+            if self.num_drafts <= limit:
+                return self
+            return Proposal(self.tokens[:limit], None if self.probs is None else self.probs[:limit],
+                            exit_hidden=None if self.exit_hidden is None else self.exit_hidden[:, :limit],
+                            exit_layer=self.exit_layer)
         tree = self.tree.pruned(max(0, remaining - 1))
         return self if tree is self.tree else Proposal(torch.tensor(tree.tokens[1:], dtype=torch.long), None, tree)
 

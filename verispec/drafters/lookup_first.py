@@ -28,10 +28,11 @@ LOOKUP_MAX_N = 8  # the longest pattern looked up: the longest match wins
 
 class LookupFirst(DrafterBase):
     def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = LOOKUP_MAX_N,
-                 inner_drafts: int | None = None):
+                 inner_drafts: int | None = None, lookup_drafts: int = 0):
         """``inner_drafts``: the most drafts the inner drafter proposes in a round (None: the round's own
-        number, which a lookup drafts up to either way)."""
-        self.inner, self.inner_drafts = inner, inner_drafts
+        number). ``lookup_drafts``: a lookup drafts up to this many or the round's number, the larger
+        (``--lookup-drafts``; the engine cuts a proposal to what the request can still commit)."""
+        self.inner, self.inner_drafts, self.lookup_drafts = inner, inner_drafts, lookup_drafts
         self.lookup = repeat_finder(min_n, max_n)
         self.shares_target_cache = inner.shares_target_cache
         self.wants_features = inner.wants_features
@@ -60,7 +61,7 @@ class LookupFirst(DrafterBase):
 
     def propose(self, context: list[int], num_drafts: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        repeat = self.lookup.lookup(context, num_drafts) if num_drafts > 0 else []
+        repeat = self.lookup.lookup(context, max(num_drafts, self.lookup_drafts)) if num_drafts > 0 else []
         self.looked_up = bool(repeat)
         if repeat:
             self.lookups += 1
@@ -75,6 +76,7 @@ def repeat_finder(min_n: int, max_n: int = LOOKUP_MAX_N) -> NgramDrafter:
     return NgramDrafter(max_n=max(max_n, min_n), min_n=min_n)
 
 
-def behind_lookup(drafter: Drafter, lookup: int) -> Drafter:
-    """``drafter`` behind a lookup of repeats of ``lookup``+ tokens (``SpecConfig.lookup``); unchanged for 0."""
-    return LookupFirst(drafter, min_n=lookup) if lookup else drafter
+def behind_lookup(drafter: Drafter, lookup: int, lookup_drafts: int = 0) -> Drafter:
+    """``drafter`` behind a lookup of repeats of ``lookup``+ tokens (``SpecConfig.lookup``) that drafts up
+    to ``lookup_drafts`` (``SpecConfig.lookup_drafts``; 0: the round's number); unchanged for lookup 0."""
+    return LookupFirst(drafter, min_n=lookup, lookup_drafts=lookup_drafts) if lookup else drafter
