@@ -42,7 +42,13 @@ ap.add_argument("--fixed", default="", help="with --eagle, add 'eagle gG' varian
 ap.add_argument("--skip", default="", help="variants to leave out, e.g. adaptive (the draft model's)")
 ap.add_argument("--beliefs", action="store_true", help="after each adaptive run, print the policy's predicted "
                 "tokens/s per gamma in that concurrency's bucket (what it chose from)")
+ap.add_argument("--no-attention-pairs", action="store_true", help="attention one query at a time (kernels."
+                "set_attention_pairs(False)): the same tokens, for an A/B of its speed")
 args = ap.parse_args()
+if args.no_attention_pairs:
+    from verispec import kernels
+    kernels.library()
+    kernels.set_attention_pairs(False)
 pair = load_pair(args.target, need_eagle=args.eagle is not None,
                  eagle_dir=None if args.eagle in (None, "shipped") else args.eagle)
 vocab = resolve_draft_vocab(pair, "auto")  # as verispec serve does
