@@ -313,18 +313,21 @@ def test_at_batch_one_the_depth_follows_the_requests_runs():
 
 def test_a_requests_run_starts_at_the_cost_models_gamma():
     """The depth a new request's run starts at is the cost model's choice, not the largest candidate:
-    where only the first draft is ever right, a request starts at gamma 1 (a start at 8 paid seven
-    positions that could not be accepted, round after round on the way down)."""
+    where the first two drafts are right and the third never, a request starts at gamma 2 (a start at 8
+    paid positions that could not be accepted, round after round on the way down) and deepens after a
+    fully accepted round; where only the first draft is ever right (the model's gamma 1), a fully
+    accepted round is no evidence for a second draft and the request stays at 1."""
     from verispec.adaptive import AcceptanceCounts
 
-    policy = AdaptiveGamma(max_gamma=8, min_samples=1)
-    for gamma in policy.candidates:  # cheap verification; the first draft always right, the second never
-        policy.observe(1, gamma, 0.01 + 0.002 * gamma, [min(gamma, 1)], [gamma])
-    request = AcceptanceCounts()
-    assert policy.choose(1, request) == 1
-    policy.observe(1, 1, 0.012, [1], [1])  # fully accepted: the run deepens by RUN_UP
-    request.add(1, 1)
-    assert policy.choose(1, request) == 1 + AdaptiveGamma.RUN_UP
+    for right, start in ((2, 2), (1, 1)):
+        policy = AdaptiveGamma(max_gamma=8, min_samples=1)
+        for gamma in policy.candidates:  # cheap verification; the first `right` drafts right, later ones never
+            policy.observe(1, gamma, 0.01 + 0.002 * gamma, [min(gamma, right)], [gamma])
+        request = AcceptanceCounts()
+        assert policy.choose(1, request) == start
+        policy.observe(1, start, 0.01 + 0.002 * start, [start], [start])  # fully accepted
+        request.add(start, start)
+        assert policy.choose(1, request) == (start + AdaptiveGamma.RUN_UP if start >= 2 else start)
 
 
 def test_following_runs_never_overrides_plain_decoding():

@@ -36,10 +36,14 @@ positions costs more than the accepted tokens bring; speculation must beat it by
 - Per request: one request's own acceptance (an ``AcceptanceCounts`` passed to ``choose``) is blended
   with the shared rates, which weigh as ``prior_rounds`` (8) rounds of prior evidence. Round times stay
   shared: a round's cost does not depend on whose tokens it verifies.
-- Batch 1 follows runs (``follow_runs``): once the cost model says speculation pays, a request's depth
-  starts at the cost model's gamma, gains ``RUN_UP`` (2) after a round that accepted every draft and loses
-  1 after any other, within [1, 2 x the largest candidate]; the round drafts min(depth, largest
-  candidate). Whether to speculate is re-checked every ``FOLLOW_CHECK_ROUNDS`` rounds.
+- Batch 1 follows runs (``follow_runs``): once the cost model says speculation pays with a chain of 2 or
+  more, a request's depth starts at the cost model's gamma, gains ``RUN_UP`` (2) after a round that
+  accepted every draft and loses 1 after any other, within [1, 2 x the largest candidate]; the round
+  drafts min(depth, largest candidate). Whether to speculate is re-checked every ``FOLLOW_CHECK_ROUNDS``
+  rounds. Where the cost model's gamma is 1 the drafts are too rarely right for one accepted draft to
+  say the next ones will be: such requests stay at the model's gamma (SmolLM2's draft model, accepted
+  about 0.2 a draft: 0.99x plain following runs, 1.03x not; the tiny pair, gamma 4-5: 2.19x following,
+  2.04x not; experiments/policy_variants.py).
 
 docs/algorithms.md gives the measurements behind these choices and the experiments that re-measure them.
 The policy protocol, ``AcceptanceCounts``, ``Backlog`` and the simple policies (``FixedGamma``,
@@ -279,7 +283,7 @@ class AdaptiveGamma(GammaPolicyBase):
         if larger and rate(max(tried)) >= (1 - self.climb_tolerance) * rate(best):
             return larger[0]  # climb while the largest tried is the best so far, or nearly
         self.last_best[bucket] = best
-        if self.follow_runs and best and batch_size == 1 and request is not None:
+        if self.follow_runs and best >= 2 and batch_size == 1 and request is not None:
             self._follow_until = count + self.FOLLOW_CHECK_ROUNDS
             return self._run_depth(request, best)
         key = (bucket, best)
