@@ -62,9 +62,9 @@ def test_head_args_pass_a_vocabulary_limit_only_when_set():
     assert head_args(None) == {} and head_args(40) == {"vocab_limit": 40}
 
 
-def test_capped_cuts_a_tree_to_the_tokens_left_and_leaves_chains_alone():
-    chain = Proposal(torch.tensor([5, 6, 7]), None)
-    assert chain.capped(1) is chain and chain.num_drafts == 3
+def test_capped_cuts_a_proposal_to_the_tokens_left():
+    chain = Proposal(torch.tensor([5, 6, 7]), None)  # a lookup may draft past the round's gamma
+    assert chain.capped(4) is chain and chain.capped(2).tokens.tolist() == [5] and chain.capped(1).num_drafts == 0
     tree = TokenTree(parents=[-1, 0, 1, 2, 0], tokens=[9, 5, 6, 7, 8])  # depth 3, plus a sibling at depth 1
     proposal = Proposal(torch.tensor(tree.tokens[1:]), None, tree)
     assert proposal.capped(4) is proposal  # deep enough to commit all of it plus one token
