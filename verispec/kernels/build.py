@@ -128,9 +128,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.set_avx512.restype = ctypes.c_int
     lib.set_avx512.argtypes = [ctypes.c_int]
     lib.avx512_on.restype = ctypes.c_int
+    lib.avx512_on.argtypes = []
     lib.set_attention_pairs.restype = ctypes.c_int
     lib.set_attention_pairs.argtypes = [ctypes.c_int]
-    lib.avx512_on.argtypes = []
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
     lib.decoder_layer.restype = ctypes.c_int

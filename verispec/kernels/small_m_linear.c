@@ -1350,8 +1350,7 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
     /* query q is head q % group of token q / group; its scores are row q */
     const long paired = pairs ? scores_pairs(qkv, b, T, g, group, width, D, kbase, slots, n, stride,
                                              rows ? 0 : lengths[b], !rows, scale, scores) : 0;
-    for (long j = 0; j < n; j += 8) {
-        if (paired == T * group) break;
+    for (long j = 0; paired < T * group && j < n; j += 8) {  /* the queries left unpaired, one at a time */
         const float *k[8];
         for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
         for (long q = paired; q < T * group; q++) {
