@@ -116,22 +116,26 @@ def test_batched_rows_decode_as_each_would_alone(models, head, drafter, sampling
     assert sum(r.drafted for r in rounds) > 0
 
 
+@pytest.mark.parametrize("gamma, lookup_drafts", [(2, 0), (1, 2)], ids=["gamma", "past-gamma"])
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8-k3-p0.9-min0.1"])
-def test_sampled_sequences_follow_the_target(tiny_pair, sampling):  # noqa: F811
+def test_sampled_sequences_follow_the_target(tiny_pair, sampling, gamma, lookup_drafts):  # noqa: F811
     """Rounds of point-mass lookups (any shared token counts: min_n 1 over a 4-token vocabulary) and rounds
-    of the draft model's sampled drafts, mixed within requests: the sequences still follow the target."""
+    of the draft model's sampled drafts, mixed within requests: the sequences still follow the target,
+    also where lookups draft past gamma (--lookup-drafts 2 at gamma 1, cut at the request's budget)."""
     target, draft = tiny_pair
     expected = exact_target_distribution(target, sampling)
-    drafter = LookupFirst(DraftModelDrafter(draft), min_n=1, max_n=2)
+    drafter = LookupFirst(DraftModelDrafter(draft), min_n=1, max_n=2, lookup_drafts=lookup_drafts)
     engine = SpecEngine(target, drafter)
-    spec = SpecConfig(gamma=2, lookup=1)
-    counts, lookups, drafted = {}, 0, 0
+    spec = SpecConfig(gamma=gamma, lookup=1, lookup_drafts=lookup_drafts)
+    counts, lookups, drafted, widest = {}, 0, 0, 0
     for seed in range(2000):
         result = engine.generate([1, 2, 3, 0, 2], sampling, spec, StopRules(max_tokens=4), seed=seed)
         counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
         lookups += drafter.lookups
         drafted += len(result.stats.rounds)
+        widest = max([widest] + [r.drafted for r in result.stats.rounds])
     assert 0 < lookups < drafted  # both kinds of rounds ran
+    assert widest == 2  # at gamma 2, or past gamma 1 where lookups may draft 2
     p_value, tv, bound = agreement(expected, counts)
     assert p_value > 1e-4 and tv < bound, (p_value, tv, bound)
 
