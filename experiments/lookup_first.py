@@ -8,10 +8,9 @@ decoding's.
     OMP_NUM_THREADS=1 python experiments/lookup_first.py --prompts 4 --tokens 128 --repeats 3
         [--variants off,ngram:4,eagle:2,eagle+3:2,...]
 
-A variant is off or drafter[+N[/L]]:G[a][:I]: drafter eagle, model or ngram; +N lookup first with repeats of
-N+ tokens, /L letting a lookup draft up to L (--lookup-drafts L); G drafts per round (with a: the adaptive
-policy, at most G); :I holds the drafter behind the lookup to I drafts a round (lookups still draft up to
-G). With --eagle-b DIR, a variant ending in @B uses
+A variant is off or drafter[+N[/L]]:G[a]: drafter eagle, model or ngram; +N lookup first with repeats of
+N+ tokens, /L letting a lookup draft up to L (--lookup-drafts L: the drafter keeps G, lookups draft up to L);
+G drafts per round (with a: the adaptive policy, at most G). With --eagle-b DIR, a variant ending in @B uses
 that head instead of the shipped one (e.g. eagle+3:2,eagle+3:2@B: a retrained head against the shipped one).
 """
 
@@ -36,7 +35,7 @@ def spec_for(variant: str) -> SpecConfig:
     variant = variant.removesuffix("@B")
     if variant == "off":
         return SpecConfig(method="none")
-    head, gamma = variant.split(":")[:2]
+    head, _, gamma = variant.partition(":")
     drafter, _, lookup = head.partition("+")
     lookup, _, lookup_drafts = lookup.partition("/")
     return SpecConfig(method="chain", gamma=int(gamma.rstrip("a")), drafter=drafter, lookup=int(lookup or 0),
@@ -62,10 +61,6 @@ def main() -> None:
                                                          eagle_dir=args.eagle_b)
     engines = {name: (build_engine(pair_b if name.endswith("@B") else pair, spec_for(name)), spec_for(name))
                for name in names}
-    for name in names:  # drafter[+N]:gamma:inner -- the drafter behind the lookup drafts at most `inner`
-        fields = name.removesuffix("@B").split(":")
-        if len(fields) == 3:
-            engines[name][0].drafter.inner_drafts = int(fields[2])
     seconds = {(name, w): [] for name in names for w in WORKLOADS + ("all",)}
     tokens = {(name, w): 0 for name in names for w in WORKLOADS}
     rounds = {(name, w): 0 for name in names for w in WORKLOADS}

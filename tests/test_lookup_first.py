@@ -60,14 +60,6 @@ def test_a_repeat_drafts_what_followed_it_and_anything_else_asks_the_drafter():
     assert drafter.lookups == 0 and inner.asked == []
 
 
-def test_the_drafter_behind_a_lookup_can_be_held_to_fewer_drafts():
-    inner = Recorder()
-    drafter = LookupFirst(inner, min_n=2, inner_drafts=2)
-    assert drafter.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, GREEDY, None).tokens.tolist() == [3, 4, 5, 6]
-    assert drafter.propose([1, 2, 3, 4, 5, 6, 9, 2], 4, GREEDY, None).tokens.tolist() == [7, 7]
-    assert inner.asked == [(8, 2)]
-
-
 def test_one_shared_token_is_not_a_repeat_at_the_default_length():
     inner = Recorder()
     LookupFirst(inner).propose([5, 6, 7, 8, 6], 2, GREEDY, None)  # "6" recurs, but one token is weak evidence

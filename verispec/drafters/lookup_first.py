@@ -28,11 +28,11 @@ LOOKUP_MAX_N = 8  # the longest pattern looked up: the longest match wins
 
 class LookupFirst(DrafterBase):
     def __init__(self, inner: Drafter, min_n: int = DEFAULT_MIN_N, max_n: int = LOOKUP_MAX_N,
-                 inner_drafts: int | None = None, lookup_drafts: int = 0):
-        """``inner_drafts``: the most drafts the inner drafter proposes in a round (None: the round's own
-        number). ``lookup_drafts``: a lookup drafts up to this many or the round's number, the larger
-        (``--lookup-drafts``; the engine cuts a proposal to what the request can still commit)."""
-        self.inner, self.inner_drafts, self.lookup_drafts = inner, inner_drafts, lookup_drafts
+                 lookup_drafts: int = 0):
+        """``lookup_drafts``: a lookup drafts up to this many or the round's number, the larger
+        (``--lookup-drafts``; the engine cuts a proposal to what the request can still commit); the inner
+        drafter always drafts the round's number."""
+        self.inner, self.lookup_drafts = inner, lookup_drafts
         self.lookup = repeat_finder(min_n, max_n)
         self.shares_target_cache = inner.shares_target_cache
         self.wants_features = inner.wants_features
@@ -66,8 +66,6 @@ class LookupFirst(DrafterBase):
         if repeat:
             self.lookups += 1
             return Proposal(torch.tensor(repeat, dtype=torch.long), None)
-        if self.inner_drafts is not None:
-            num_drafts = min(num_drafts, self.inner_drafts)
         return self.inner.propose(context, num_drafts, sampling, generator)
 
 
