@@ -11,7 +11,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, GGUFWriter  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
+from verispec import kernels  # noqa: E402
 from verispec.errors import CheckpointError  # noqa: E402
+from verispec.kernels.formats import _random_q4_k, _random_q6_k  # noqa: E402
 from verispec.loading import load_pair, smollm2_path  # noqa: E402
 from verispec.models.gguf import gguf_config, load_gguf  # noqa: E402
 
@@ -24,20 +26,23 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     return weights.reshape(heads, 2, half, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_tiny_gguf(path, arch: str = "llama", seed: int = 0) -> dict[str, np.ndarray]:
-    """A 2-layer Llama GGUF (Q4_1 projections, Q8_0 embedding, F32 norms); returns HF-layout weights."""
+def write_tiny_gguf(path, arch: str = "llama", seed: int = 0, projections: str = "Q4_1",
+                    hidden: int = HIDDEN, ffn: int = FFN) -> dict[str, np.ndarray]:
+    """A 2-layer Llama GGUF (``projections`` Q4_1 by gguf-py's quantizer, or random K-quant rows: Q4_K, or
+    Q4_K_M as llama.cpp mixes it, Q6_K for attn_v and ffn_down; Q8_0 embedding, F32 norms); returns HF-layout
+    weights."""
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(LAYERS)
     writer.add_context_length(128)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_rope_dimension_count(hidden // HEADS)
     writer.add_eos_token_id(2)
     writer.add_bos_token_id(1)
     hf = {}
@@ -46,19 +51,25 @@ def write_tiny_gguf(path, arch: str = "llama", seed: int = 0) -> dict[str, np.nd
         stored = _permute(values, heads) if heads else values
         if kind == GGMLQuantizationType.F32:
             writer.add_tensor(name, stored.astype(np.float32))
+        elif kind in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K):  # random rows (no quantizer)
+            rows = _random_q4_k if kind == GGMLQuantizationType.Q4_K else _random_q6_k
+            raw = rows(*values.shape, torch.Generator().manual_seed(int(rng.integers(1 << 30)))).numpy()
+            writer.add_tensor(name, _permute(raw, heads) if heads else raw, raw_dtype=kind)
         else:
             writer.add_tensor(name, quantize(stored.astype(np.float32), kind), raw_dtype=kind)
 
-    add("token_embd.weight", rng.normal(0, 0.5, (VOCAB, HIDDEN)), GGMLQuantizationType.Q8_0)
-    add("output_norm.weight", 1 + rng.normal(0, 0.1, HIDDEN), GGMLQuantizationType.F32)
-    shapes = {"attn_q": (HIDDEN, HIDDEN, HEADS), "attn_k": (HIDDEN // 2, HIDDEN, KV_HEADS),
-              "attn_v": (HIDDEN // 2, HIDDEN, None), "attn_output": (HIDDEN, HIDDEN, None),
-              "ffn_gate": (FFN, HIDDEN, None), "ffn_up": (FFN, HIDDEN, None), "ffn_down": (HIDDEN, FFN, None)}
+    add("token_embd.weight", rng.normal(0, 0.5, (VOCAB, hidden)), GGMLQuantizationType.Q8_0)
+    add("output_norm.weight", 1 + rng.normal(0, 0.1, hidden), GGMLQuantizationType.F32)
+    shapes = {"attn_q": (hidden, hidden, HEADS), "attn_k": (hidden // 2, hidden, KV_HEADS),
+              "attn_v": (hidden // 2, hidden, None), "attn_output": (hidden, hidden, None),
+              "ffn_gate": (ffn, hidden, None), "ffn_up": (ffn, hidden, None), "ffn_down": (hidden, ffn, None)}
     for layer in range(LAYERS):
         for norm in ("attn_norm", "ffn_norm"):
-            add(f"blk.{layer}.{norm}.weight", 1 + rng.normal(0, 0.1, HIDDEN), GGMLQuantizationType.F32)
+            add(f"blk.{layer}.{norm}.weight", 1 + rng.normal(0, 0.1, hidden), GGMLQuantizationType.F32)
         for name, (rows, cols, heads) in shapes.items():
-            add(f"blk.{layer}.{name}.weight", rng.normal(0, 0.3, (rows, cols)), GGMLQuantizationType.Q4_1, heads)
+            kind = "Q6_K" if projections == "Q4_K_M" and name in ("attn_v", "ffn_down") else projections
+            kind = getattr(GGMLQuantizationType, kind.removesuffix("_M"))
+            add(f"blk.{layer}.{name}.weight", rng.normal(0, 0.3, (rows, cols)), kind, heads)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -99,6 +110,31 @@ def test_tiny_gguf_logits_equal_transformers(tiny_gguf):
     assert torch.allclose(got, expected, atol=2e-4, rtol=1e-4)
     assert torch.allclose(torch.stack(one_by_one, 1), expected, atol=2e-4, rtol=1e-4)
     state = reference.state_dict()  # the dequantized weights themselves, q/k rows unpermuted
+    for name, value in native.state_dict().items():
+        assert torch.equal(value, state[name]), name
+
+
+def test_k_quant_projections_are_multiplied_as_the_files_values(tmp_path):
+    """A GGUF with Q4_K_M projections (Q4_K, Q6_K for attn_v and ffn_down; hidden 256: whole super-blocks):
+    every projection runs on the kernel (Q4_K as Q4_1 pairs), and the logits equal transformers' reading of
+    the same file, prefill and token by token."""
+    path = tmp_path / "q4_k_m.gguf"
+    write_tiny_gguf(path, projections="Q4_K_M", hidden=256, ffn=512)
+    native = load_gguf(path)
+    if kernels.library() is not None:
+        assert f"{5 * LAYERS} on Q4_K blocks (as Q4_1 pairs), {2 * LAYERS} on Q6_K blocks" in kernels.status(native)
+    reference = _reference(path)
+    tokens = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        got = native(tokens, native.new_cache(1, 32))
+        cache, steps = native.new_cache(1, 32), []
+        for t in range(tokens.shape[1]):
+            steps.append(native(tokens[:, t:t + 1], cache)[:, -1])
+            cache.commit(0, 1)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.stack(steps, 1), expected, atol=2e-4, rtol=1e-4)
+    state = reference.state_dict()
     for name, value in native.state_dict().items():
         assert torch.equal(value, state[name]), name
 

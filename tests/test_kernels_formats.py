@@ -4,18 +4,19 @@ dequantization (hand-built blocks), and the int8 rows' layout. Pure tensor code:
 import pytest
 import torch
 
-from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, _int8_rows,
-                                      _int8_values, _random_blocks, block_bytes, dequantize_amx_blocks,
-                                      dequantize_blocks, dequantize_pairs, packed_inputs, pair_blocks)
+from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS,
+                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, block_bytes,
+                                      dequantize_amx_blocks, dequantize_blocks, dequantize_pairs,
+                                      dequantize_q6_k_rows, packed_inputs, pair_blocks, q4_k_pairs, q6_k_rows)
 
 
 def test_formats_are_told_apart_by_dtype():
     assert [form.name for form in FORMATS.values()] == ["fp32", "bf16", "amx-bf16", "int8", "amx-int8", "Q4_1", "Q8_0",
-                                                        "Q4_1 pairs", "amx-Q4_1", "amx-Q8_0"]
-    assert sorted(form.wtype for form in FORMATS.values()) == list(range(10))  # the C source's weight types
+                                                        "Q4_1 pairs", "amx-Q4_1", "amx-Q8_0", "Q6_K rows"]
+    assert sorted(form.wtype for form in FORMATS.values()) == list(range(11))  # the C source's weight types
     assert BLOCK_FORMATS == {"Q4_1": torch.int32, "Q8_0": torch.uint16}  # a GGUF file's rows as stored
     assert AMX_BLOCKS == {"Q4_1": torch.float8_e4m3fn, "Q8_0": torch.uint32}  # the same rows tiled for AMX
-    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS, torch.float8_e4m3fn, torch.uint32)
+    assert GGUF_DTYPES == (torch.int32, torch.uint16, PAIRS, torch.float8_e4m3fn, torch.uint32, Q6_K_ROWS)
     assert FORMATS[PAIRS].name == "Q4_1 pairs"
     assert block_bytes("Q4_1") == 20 and block_bytes("Q8_0") == 34  # fp16 d (and m), then 16 or 32 bytes
 
@@ -26,6 +27,7 @@ def test_formats_are_told_apart_by_dtype():
     (torch.int32, 10), (torch.uint16, 34),  # two GGUF blocks of 32 weights: 2 * 20 bytes, 2 * 34 bytes
     (torch.int64, 6),  # one Q4_1 pair: 48 bytes
     (torch.float8_e4m3fn, 40), (torch.uint32, 18),  # two blocks tiled for AMX: 2 * 20 bytes, 2 * 36 bytes
+    (torch.float8_e5m2, 80),  # two blocks of Q6_K rows: 2 * (2 fp32 scales + 32 int8)
 ])
 def test_packed_inputs_of_each_format(dtype, columns):
     assert packed_inputs(torch.zeros(16, columns, dtype=dtype)) == 64
@@ -149,3 +151,20 @@ def test_amx_tiles_dequantize_as_their_layout_says():
     two = torch.cat([_amx_record(q8, d, None), _amx_record(-q8, d, None)])  # chunks c = 0, 1 of block 0
     values = dequantize_amx_blocks(two.view(torch.uint32).reshape(16, 18))
     assert torch.equal(values[:, 32:], -values[:, :32])
+
+
+def test_k_quants_repack_to_the_values_gguf_py_gives():
+    """Q4_K rows as Q4_1 pairs with fp32 scales and Q6_K rows as int8 with fp32 scales per 16 weights hold
+    exactly the values of gguf-py's dequantizer (d * sc * q - dmin * m; d * sc * (q - 32), one rounding)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+    generator = torch.Generator().manual_seed(0)
+    raw = _random_q4_k(6, 512, generator)
+    raw[0, :4] = 0  # d = dmin = 0
+    want = torch.from_numpy(dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_K).reshape(6, 512).copy())
+    assert torch.equal(dequantize_pairs(q4_k_pairs(raw)), want)
+    raw = _random_q6_k(6, 512, generator)
+    want = torch.from_numpy(dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q6_K).reshape(6, 512).copy())
+    packed = q6_k_rows(raw)
+    assert packed.dtype == Q6_K_ROWS and packed_inputs(packed) == 512
+    assert torch.equal(dequantize_q6_k_rows(packed), want)

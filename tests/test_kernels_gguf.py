@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels
+from verispec.kernels.formats import _random_q4_k, _random_q6_k
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 
 gguf = pytest.importorskip("gguf")
@@ -99,6 +100,36 @@ def test_q4_1_pairs_give_the_bits_of_the_rows_they_came_from(avx512):
             want = x.double() @ values.double().T
             scale = float((x.double().abs() @ values.double().abs().T).max())
             torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 * scale)
+    finally:
+        kernels.set_avx512(True)
+
+
+@pytest.mark.parametrize("avx512", [False, True])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_rows_multiply_by_the_files_values(kind, avx512):
+    """K-quant rows are repacked (Q4_K as Q4_1 pairs with fp32 scales, Q6_K as "Q6_K rows"): gguf-py's values
+    exactly, on either loop, a row's bits the same alone or with others, and only where the rows hold the
+    weight."""
+    if avx512 and not kernels.avx512():
+        pytest.skip(f"no AVX-512 loop on this CPU: {kernels.status()}")
+    raw = (_random_q4_k if kind == "Q4_K" else _random_q6_k)(40, 512, torch.Generator().manual_seed(2))
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    values = torch.from_numpy(np.asarray(dequantize(raw.numpy(), qtype), dtype=np.float32)).reshape(40, 512)
+    packed = kernels._pack_weight(values, (kind, raw))
+    assert packed.dtype == (kernels.PAIRS if kind == "Q4_K" else kernels.Q6_K_ROWS)
+    edited = values.clone()
+    edited[3, 100] += 1e-3
+    assert kernels._pack_weight(edited, (kind, raw)).dtype == torch.float32  # not the rows' values
+    assert kernels._pack_weight(values[:, :256], (kind, raw)).dtype == torch.float32  # another shape
+    try:
+        kernels.set_avx512(avx512)
+        x = torch.randn(17, 512, generator=torch.Generator().manual_seed(4))
+        together = kernels.linear(x, packed)
+        want = x.double() @ values.double().T
+        scale = float((x.double().abs() @ values.double().abs().T).max())
+        torch.testing.assert_close(together.double(), want, rtol=0, atol=2e-6 * scale)
+        for rows in (1, 2, 5, 7, 8, 9):
+            assert torch.equal(kernels.linear(x[:rows], packed), together[:rows])
     finally:
         kernels.set_avx512(True)
 

@@ -32,7 +32,8 @@ fp32, bf16 (exact for a bf16 checkpoint), AMX tiles, int8 for drafts (``quantize
 Q4_1 and Q8_0: a loader that sets ``module.gguf_blocks = (format name, uint8 (N, row bytes))`` on an
 nn.Linear whose fp32 weight holds those rows' dequantized values, before ``accelerate``, gets the file's
 rows multiplied directly (``_pack_blocks``): exactly the dequantized values, at 4.5 or 8.5 bits a weight
-read. Self-check: loading runs one small product per weight path against float64 (``_self_check``); a
+read. K-quants are repacked with the same values: Q4_K as Q4_1 pairs with fp32 scales (``q4_k_pairs``, 6
+bits a weight), Q6_K as int8 with an fp32 scale per 16 ("Q6_K rows", ``q6_k_rows``, 10 bits). Self-check: loading runs one small product per weight path against float64 (``_self_check``); a
 path that disagrees is not packed for (fp32: the library stays off), and ``status()`` says so.
 
 AVX-512: on CPUs with AVX-512 F/BW/VL/DQ the same formats go through a 16-lane loop (``avx512()``;
@@ -77,8 +78,9 @@ import torch
 from torch import nn
 
 from verispec.kernels.formats import (  # noqa: F401  (re-exported)
-    AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, WEIGHT_TYPES, Format, _int8_rows, _int8_values, _random_blocks,
-    block_bytes, dequantize_blocks, dequantize_pairs, packed_inputs, pair_blocks)
+    AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS, WEIGHT_TYPES, Format, _int8_rows, _int8_values,
+    _random_blocks, block_bytes, dequantize_blocks, dequantize_pairs, dequantize_q6_k_rows, packed_inputs,
+    pair_blocks, q4_k_pairs, q6_k_rows)
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
@@ -262,7 +264,8 @@ def status(model: nn.Module | None = None) -> str:
         where = f"{on_tiles} on AMX-INT8 tiles" if on_tiles else f"int8 rows for <= {INT8_ROWS} rows"
         int8 = f", {len(quantized)} with int8 weights ({where})"
     blocks = ""
-    pairs = sum(m.packed.dtype == PAIRS for m in layers)
+    k_quants = sum(m.packed.dtype == PAIRS and getattr(m, "gguf_blocks", ("",))[0] == "Q4_K" for m in layers)
+    pairs = sum(m.packed.dtype == PAIRS for m in layers) - k_quants
     for kind, dtype in BLOCK_FORMATS.items():
         on_tiles = sum(m.packed.dtype == AMX_BLOCKS[kind] for m in layers)
         count = sum(m.packed.dtype == dtype for m in layers) + on_tiles + (pairs if kind == "Q4_1" else 0)
@@ -270,6 +273,9 @@ def status(model: nn.Module | None = None) -> str:
         detail = ([f"{pairs} repacked in pairs"] if pairs and kind == "Q4_1" else []) + \
             ([f"{on_tiles} on AMX tiles"] if on_tiles else [])
         blocks += f" ({', '.join(detail)})" if count and detail else ""
+    blocks += f", {k_quants} on Q4_K blocks (as Q4_1 pairs)" if k_quants else ""
+    q6_k = sum(m.packed.dtype == Q6_K_ROWS for m in layers)
+    blocks += f", {q6_k} on Q6_K blocks" if q6_k else ""
     unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in GGUF_DTYPES for m in layers)
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"

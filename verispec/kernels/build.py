@@ -20,7 +20,7 @@ import torch
 
 from verispec import kernels as _k
 from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, _random_blocks,
-                                      dequantize_blocks, pair_blocks)
+                                      _random_q6_k_rows, dequantize_blocks, dequantize_q6_k_rows, pair_blocks)
 
 
 def cache_dir() -> Path:
@@ -224,6 +224,7 @@ def _check_weights(lib: ctypes.CDLL, generator: torch.Generator) -> dict[str, tu
         weights[kind] = (raw.view(dtype), dequantize_blocks(kind, raw))
     weights["Q4_1 pairs"] = (pair_blocks(raw := _random_blocks("Q4_1", 18, 64, generator)),
                              dequantize_blocks("Q4_1", raw))
+    weights["Q6_K rows"] = (rows := _random_q6_k_rows(18, 64, generator), dequantize_q6_k_rows(rows))
     if not _k._amx_reason:
         weights["amx-bf16"] = (_k._tiles(lib, exact[:16]), exact[:16].float())
         if "amx_int8" in _cpu_flags():

@@ -36,6 +36,7 @@ FORMATS = {
     # tiled for AMX (``pack_amx_blocks``), 20 bytes per 32: raw bytes a float8 dtype only tells apart
     torch.float8_e4m3fn: Format(8, "amx-Q4_1", 20, 32, 0, 16, 32),
     torch.uint32: Format(9, "amx-Q8_0", 9, 32, 0, 16, 32),  # tiled for AMX (``pack_amx_blocks``), 36 bytes per 32
+    torch.float8_e5m2: Format(10, "Q6_K rows", 40, 32, 0, 1, 32),  # Q6_K rows repacked (``q6_k_rows``), 40 bytes per 32
 }
 
 
@@ -43,10 +44,11 @@ WEIGHT_TYPES = {dtype: form.wtype for dtype, form in FORMATS.items()}  # C's wty
 
 
 # A GGUF file's own row formats: "Q4_1" -> int32, "Q8_0" -> uint16
-BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.inputs == 32 and form.rows_multiple == 1}
+BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.name in ("Q4_1", "Q8_0")}
 PAIRS = torch.int64  # the "Q4_1 pairs" dtype: a GGUF file's Q4_1 rows as the AVX-512 loop reads them best
+Q6_K_ROWS = torch.float8_e5m2  # the "Q6_K rows" dtype: raw bytes a float8 dtype only tells apart
 AMX_BLOCKS = {"Q4_1": torch.float8_e4m3fn, "Q8_0": torch.uint32}  # GGUF rows tiled for AMX, by the file's format
-GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS, *AMX_BLOCKS.values())  # packed weights that hold a GGUF file's values
+GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS, *AMX_BLOCKS.values(), Q6_K_ROWS)  # packed weights that hold a GGUF file's values
 
 
 def packed_inputs(weight: torch.Tensor) -> int:
@@ -94,6 +96,16 @@ def _random_blocks(kind: str, out_features: int, in_features: int, generator: to
     return raw.reshape(out_features, -1)
 
 
+def _random_q4_k(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    """Random GGUF Q4_K rows (uint8 (N, K / 256 * 144); gguf-py has no Q4_K quantizer) for tests: any scale
+    bytes and nibbles, small positive fp16 d and dmin (so values stay within about +-2)."""
+    raw = torch.randint(0, 256, (out_features, in_features // 256, Q4_K_BYTES), dtype=torch.uint8,
+                        generator=generator)
+    scales = torch.rand(out_features, in_features // 256, 2, generator=generator) * 2e-3 + 1e-4  # d, dmin
+    raw[..., :4] = scales.half().view(torch.uint8)
+    return raw.reshape(out_features, -1)
+
+
 def _int8_values(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_int8``'s values (int8 (N, K)) and scales (fp32 (N, 1))."""
     weight = weight.detach().float()
@@ -119,6 +131,88 @@ def pair_blocks(raw: torch.Tensor) -> torch.Tensor:
     header = scales.transpose(-1, -2).reshape(rows, -1, 4).contiguous().view(torch.uint8)  # d0, d1, m0, m1
     lanes = blocks[..., 4:].transpose(-1, -2).reshape(rows, -1, 32)  # qs0[0], qs1[0], qs0[1], ...
     return torch.cat([header, lanes], dim=-1).reshape(rows, -1).contiguous().view(torch.int64)
+
+
+Q4_K_BYTES = 144  # a GGUF Q4_K super-block: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+
+
+def q4_k_pairs(raw: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_K rows (uint8 (N, K / 256 * 144)) -> "Q4_1 pairs" rows (``pair_blocks``) of the same values.
+
+    A Q4_K super-block holds 8 blocks of 32 weights, block j valued d * sc[j] * q - dmin * m[j] (sc, m 6-bit
+    integers; gguf-py rounds once: d * sc, d * sc * q and dmin * m are exact in fp32). That is a Q4_1 block
+    with the fp32 scale d * sc[j] and offset -dmin * m[j], which the pairs store as fp32: the kernel's one
+    fused multiply-add per weight gives the file's value. Blocks 2c and 2c + 1 share qs[32c .. 32c + 31] (low
+    and high nibbles) and become one pair."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, Q4_K_BYTES)  # (N, S, 144)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # (N, S, 1)
+    dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    packed = blocks[..., 4:16].long()
+    low, high, mixed = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([low & 63, (mixed & 15) | ((low >> 6) << 4)], dim=-1).float()  # (N, S, 8)
+    mins = torch.cat([high & 63, (mixed >> 4) | ((high >> 6) << 4)], dim=-1).float()
+    scale, offset = d * sc, -(dmin * mins)  # both exact
+    qs = blocks[..., 16:].reshape(rows, -1, 4, 32)  # (N, S, chunk, 32): block 2c low nibbles, 2c + 1 high
+    first = (qs[..., :16] & 15) | ((qs[..., 16:] & 15) << 4)  # block 2c as a Q4_1 block's 16 bytes
+    second = (qs[..., :16] >> 4) | (qs[..., 16:] & 0xF0)  # block 2c + 1
+    header = torch.stack([scale[..., 0::2], scale[..., 1::2], offset[..., 0::2], offset[..., 1::2]], dim=-1)
+    header = header.contiguous().view(torch.uint8)  # (N, S, 4, 16): d0, d1, m0, m1 per pair
+    lanes = torch.stack([first, second], dim=-1).reshape(rows, -1, 4, 32)  # byte 2i, 2i + 1: lane i
+    return torch.cat([header, lanes], dim=-1).reshape(rows, -1).contiguous().view(torch.int64)
+
+
+Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, fp16 d
+
+
+def q6_k_rows(raw: torch.Tensor) -> torch.Tensor:
+    """GGUF Q6_K rows (uint8 (N, K / 256 * 210)) -> "Q6_K rows" (float8_e5m2-held bytes (N, K / 32 * 40)) of
+    the same values: per 32 weights the fp32 scales of its two halves (d * sc, exact: an fp16 times an int8),
+    then the 32 weights' q - 32 as int8. gguf-py's value is (d * sc) * (q - 32) rounded once in float32,
+    which is what the kernel's one multiply gives."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, Q6_K_BYTES).long()
+    low, high = blocks[..., :128].reshape(rows, -1, 2, 64), blocks[..., 128:192].reshape(rows, -1, 2, 32)
+    sc = blocks[..., 192:208].to(torch.uint8).view(torch.int8).float()  # (N, S, 16)
+    d = blocks[..., 208:210].to(torch.uint8).contiguous().view(torch.float16).float()  # (N, S, 1)
+    # 128 weights per half h: 4 quarters of 32, quarter j low bits from low[h][32 (j % 2) ..] >> 4 (j // 2),
+    # high bits from high[h] >> 2 j
+    quarters = [((low[..., 32 * (j % 2):32 * (j % 2) + 32] >> (4 * (j // 2))) & 15)
+                | (((high >> (2 * j)) & 3) << 4) for j in range(4)]
+    q = (torch.stack(quarters, dim=-2) - 32).reshape(rows, -1, 8, 32).to(torch.int8)  # (N, S, 8 blocks, 32)
+    scales = (d * sc).reshape(rows, -1, 8, 2).contiguous().view(torch.uint8)  # (N, S, 8, 8 bytes)
+    packed = torch.cat([scales, q.view(torch.uint8)], dim=-1)  # (N, S, 8, 40)
+    return packed.reshape(rows, -1).contiguous().view(Q6_K_ROWS)
+
+
+def dequantize_q6_k_rows(packed: torch.Tensor) -> torch.Tensor:
+    """"Q6_K rows" (``q6_k_rows``) -> float32 (N, K): scale * q, one rounding as gguf-py's."""
+    rows = packed.shape[0]
+    blocks = packed.view(torch.uint8).reshape(rows, -1, 40)
+    scales = blocks[..., :8].contiguous().view(torch.float32)  # (N, B, 2)
+    q = blocks[..., 8:].contiguous().view(torch.int8).reshape(rows, -1, 2, 16).float()
+    return (scales[..., None] * q).reshape(rows, -1)
+
+
+def _random_q6_k(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    """Random GGUF Q6_K rows (uint8 (N, K / 256 * 210); gguf-py has no Q6_K quantizer) for tests: any bits
+    and int8 scales, a small positive fp16 d (so values stay within about +-2)."""
+    raw = torch.randint(0, 256, (out_features, in_features // 256, Q6_K_BYTES), dtype=torch.uint8,
+                        generator=generator)
+    d = torch.rand(out_features, in_features // 256, 1, generator=generator) * 5e-4 + 1e-5
+    raw[..., -2:] = d.half().view(torch.uint8)
+    return raw.reshape(out_features, -1)
+
+
+def _random_q6_k_rows(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
+    """Random "Q6_K rows" (K % 32 == 0) as ``q6_k_rows`` makes them (fp16 * int8 scales, q in -32..31), for
+    the self-check."""
+    blocks = in_features // 32
+    d = (torch.rand(out_features, blocks, 2, generator=generator) * 1e-3).half().float()
+    sc = torch.randint(-128, 128, (out_features, blocks, 2), generator=generator).float()
+    q = torch.randint(-32, 32, (out_features, blocks, 32), generator=generator).to(torch.int8)
+    packed = torch.cat([(d * sc).contiguous().view(torch.uint8), q.view(torch.uint8)], dim=-1)
+    return packed.reshape(out_features, -1).contiguous().view(Q6_K_ROWS)
 
 
 def dequantize_pairs(packed: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,9 @@ import sys
 import torch
 
 from verispec import kernels as _k
-from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, _int8_rows, _int8_values, block_bytes,
-                                      dequantize_blocks, pair_blocks)
+from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, Q4_K_BYTES, Q6_K_BYTES, _int8_rows,
+                                      _int8_values, block_bytes, dequantize_blocks, dequantize_pairs,
+                                      dequantize_q6_k_rows, pair_blocks, q4_k_pairs, q6_k_rows)
 
 
 def _pack_weight(weight: torch.Tensor, blocks: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -46,7 +47,8 @@ def _tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
 
 def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
     """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
-    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), viewed as
+    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``) or "Q4_K" /
+    "Q6_K" (repacked, see ``_k_quant_rows``), viewed as
     that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
     them as numbers, and rows still cut and join like rows (q | k | v, gate | up). Where AMX multiplies GGUF
     blocks (``amx_blocks``) and N % 16 == 0, rows are tiled for it (``_amx_blocks``: the same values,
@@ -56,6 +58,8 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     packs ``weight`` itself, unless K % 32 == 0, the format's self-check passed and the rows dequantize
     to exactly ``weight`` (a loader's row order mistake, or a weight edited in place, would otherwise
     make the kernel compute something else than torch's path)."""
+    if kind in ("Q4_K", "Q6_K"):
+        return _k_quant_rows(weight, kind, raw)
     dtype = BLOCK_FORMATS.get(kind)
     out_features, in_features = weight.shape
     if dtype is None or kind in _k._failed or in_features % 32 or raw.dtype != torch.uint8 or raw.is_cuda \
@@ -74,6 +78,24 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     if kind == "Q4_1" and in_features % 64 == 0 and _k.avx512() and "Q4_1 pairs" not in _k._failed:
         return pair_blocks(raw)
     return raw.view(dtype)
+
+
+def _k_quant_rows(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
+    """GGUF K-quant rows (uint8 (N, K / 256 * super-block bytes)) repacked with the same values: Q4_K as "Q4_1
+    pairs" (``q4_k_pairs``, 6 bits a weight instead of 4.5; AMX tiles hold fp16 scales only), Q6_K as "Q6_K
+    rows" (``q6_k_rows``, 10 bits a weight instead of 6.6), on every loop; or None unless the format's
+    self-check passed and the repacked rows dequantize to exactly ``weight``."""
+    path, size, repack, values = (("Q4_1 pairs", Q4_K_BYTES, q4_k_pairs, dequantize_pairs) if kind == "Q4_K" else
+                                  ("Q6_K rows", Q6_K_BYTES, q6_k_rows, dequantize_q6_k_rows))
+    out_features, in_features = weight.shape
+    if path in _k._failed or in_features % 256 or raw.dtype != torch.uint8 or raw.is_cuda \
+            or weight.dtype != torch.float32 or tuple(raw.shape) != (out_features, in_features // 256 * size):
+        return None
+    packed = repack(raw.detach())
+    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
+        if not torch.equal(values(packed[first:first + 4096]), weight[first:first + 4096]):
+            return None
+    return packed
 
 
 def _amx_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor | None:

@@ -95,9 +95,20 @@ INLINE __m256 load_w_q8_0(const char *block, int g) {
     return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(d)), _mm256_cvtepi32_ps(q));
 }
 
+/* Q6_K rows (wt 10): a GGUF Q6_K row repacked (``q6_k_rows``), 40 bytes per 32 weights, the values
+ * unchanged: the fp32 scales of weights 0..15 and 16..31 (d * sc, exact), then 32 int8 q (-32..31); value
+ * scale * q, rounded once as gguf-py's float32 product rounds it. Lanes g: weights 8g .. 8g + 7. */
+INLINE __m256 load_w_q6_k(const char *block, int g) {
+    float scale;
+    memcpy(&scale, block + 4 * (g >> 1), 4);
+    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 8 + 8 * g)));
+    return _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(q));
+}
+
 /* Bytes of one weight row of K inputs (int8 rows: with their scale). */
 INLINE long row_bytes(int wt, long K) {
-    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : wt == 7 ? K / 32 * 24 : K / 32 * 34;
+    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : wt == 7 ? K / 32 * 24
+         : wt == 10 ? K / 32 * 40 : K / 32 * 34;
 }
 
 /* The weight rows n0 .. n0 + NB - 1 a block reads (rows >= N read row N - 1): where each starts (int8
@@ -137,7 +148,8 @@ INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, lo
 
 /* Weight rows n0 .. n0 + NB - 1 (rows >= N are computed from row N - 1 and not stored) against input
  * rows m0 .. m0 + MB - 1. wt: 0 fp32, 1 bf16, 3 int8 rows with their scale (see load_w_i8), 5 Q4_1 and
- * 6 Q8_0 blocks (see load_w_q4_1), 7 Q4_1 pairs (see load_w_q4_1_pairs). Block weights are dequantized
+ * 6 Q8_0 blocks (see load_w_q4_1), 7 Q4_1 pairs (see load_w_q4_1_pairs), 10 Q6_K rows (see load_w_q6_k).
+ * Block weights are dequantized
  * 8 lanes at a time, once for all MB rows. */
 INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
@@ -147,8 +159,8 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     const float *xb = x + m0 * K;
     __m256 wv[4];
-    if (wt == 5 || wt == 6 || wt == 7) {
-        const long size = wt == 5 ? 20 : wt == 7 ? 24 : 34;  /* bytes a block */
+    if (wt == 5 || wt == 6 || wt == 7 || wt == 10) {
+        const long size = wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34;  /* bytes a block */
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
             /* The NB rows' blocks dequantized first, then multiplied: interleaving the two kept too many
@@ -164,7 +176,8 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
                 for (int g = 0; g < 4; g++)
                     dequantized[a][g] = wt == 5 ? load_w_q4_1(gguf_block, g)
                                       : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
-                                                : load_w_q8_0(gguf_block, g);
+                                      : wt == 10 ? load_w_q6_k(gguf_block, g)
+                                                 : load_w_q8_0(gguf_block, g);
             }
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
@@ -195,7 +208,7 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     long m0 = 0;
-    if ((wt == 5 || wt == 6 || wt == 7) && M >= 7 && M <= 8) {
+    if ((wt == 5 || wt == 6 || wt == 7 || wt == 10) && M >= 7 && M <= 8) {
         /* GGUF blocks: dequantizing a block costs about what multiplying it by 4 rows does, so 7-8 rows
          * go through in one pass per weight row (one dequantization) rather than as 6 + 1-2. */
         for (int a = 0; a < 4; a++) {
@@ -279,6 +292,13 @@ INLINE512 void load16_q4_1_pairs(const char *pair, __m512 out[4]) {
     out[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 12), second);
 }
 
+INLINE512 void load16_q6_k(const char *block, __m512 out[2]) {
+    const float *scales = (const float *)block;
+    for (int h = 0; h < 2; h++)
+        out[h] = _mm512_mul_ps(_mm512_set1_ps(scales[h]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                   _mm_loadu_si128((const __m128i *)(block + 8 + 16 * h)))));
+}
+
 INLINE512 void load16_q8_0(const char *block, __m512 out[2]) {
     uint16_t d;
     memcpy(&d, block, 2);
@@ -334,14 +354,15 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
                 accumulate16(acc, wv, xb, K, k + 16 * g, MB, NB);
             }
         }
-    } else if (wt == 5 || wt == 6) {
-        const long size = wt == 5 ? 20 : 34;
+    } else if (wt == 5 || wt == 6 || wt == 10) {
+        const long size = wt == 5 ? 20 : wt == 10 ? 40 : 34;
         for (long k = 0; k < K; k += 32) {
             const long at = k / 32 * size;
             __m512 dequantized[4][2];
             prefetch_rows(&rows, NB, at + size - 1);  /* as in block() */
             for (int a = 0; a < NB; a++) {
                 if (wt == 5) load16_q4_1(rows.start[a] + at, dequantized[a]);
+                else if (wt == 10) load16_q6_k(rows.start[a] + at, dequantized[a]);
                 else load16_q8_0(rows.start[a] + at, dequantized[a]);
             }
             for (int g = 0; g < 2; g++) {
@@ -381,7 +402,7 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
 INLINE512 void weight_block16(const float *x, const void *w, int wt, float *y, const float *bias,
                               long M, long K, long N, long n0) {
     long m0 = 0;
-    if (wt != 5 && wt != 6 && wt != 7) {
+    if (wt != 5 && wt != 6 && wt != 7 && wt != 10) {
         for (; M - m0 > 6; m0 += 4) block16(x, w, wt, y, bias, K, N, m0, 4, n0, 4);
         switch (M - m0) {
         case 6: block16(x, w, wt, y, bias, K, N, m0, 6, n0, 4); break;
@@ -421,6 +442,7 @@ AVX512_TARGET static void run16(const float *x, const void *w, int wtype, float 
         case 5: weight_block16(x, w, 5, y, bias, M, K, N, 4 * i); break;
         case 6: weight_block16(x, w, 6, y, bias, M, K, N, 4 * i); break;
         case 7: weight_block16(x, w, 7, y, bias, M, K, N, 4 * i); break;
+        case 10: weight_block16(x, w, 10, y, bias, M, K, N, 4 * i); break;
         default: weight_block16(x, w, 0, y, bias, M, K, N, 4 * i); break;
         }
     }
@@ -448,7 +470,7 @@ int avx512_on(void) { return use_avx512; }
 /* Weight types: 0 fp32, 1 bf16 row-major, 2 bf16 tiled for AMX (run_amx below), 3 int8 rows with
  * their scale, 4 int8 tiled for AMX (run_amx_i8), 5 Q4_1 and 6 Q8_0 GGUF block rows (K % 32 == 0), 7 Q4_1
  * rows in pairs of blocks (K % 64 == 0, see load_w_q4_1_pairs), 8 Q4_1 and 9 Q8_0 blocks tiled for AMX
- * (run_amx_blocks). 1 when scratch memory could not be allocated (AMX only). */
+ * (run_amx_blocks), 10 Q6_K rows (see load_w_q6_k). 1 when scratch memory could not be allocated (AMX only). */
 static int run_amx(const float *x, const uint16_t *w, float *y, const float *bias, long M, long K, long N,
                    int threads);
 
@@ -476,6 +498,7 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
         case 5: weight_block(x, w, 5, y, bias, M, K, N, 4 * i); break;
         case 6: weight_block(x, w, 6, y, bias, M, K, N, 4 * i); break;
         case 7: weight_block(x, w, 7, y, bias, M, K, N, 4 * i); break;
+        case 10: weight_block(x, w, 10, y, bias, M, K, N, 4 * i); break;
         default: weight_block(x, w, 0, y, bias, M, K, N, 4 * i); break;
         }
     }
