@@ -114,15 +114,18 @@ def test_tiny_gguf_logits_equal_transformers(tiny_gguf):
         assert torch.equal(value, state[name]), name
 
 
-def test_k_quant_projections_are_multiplied_as_the_files_values(tmp_path):
-    """A GGUF with Q4_K_M projections (Q4_K, Q6_K for attn_v and ffn_down; hidden 256: whole super-blocks):
-    every projection runs on the kernel (Q4_K as Q4_1 pairs), and the logits equal transformers' reading of
-    the same file, prefill and token by token."""
-    path = tmp_path / "q4_k_m.gguf"
-    write_tiny_gguf(path, projections="Q4_K_M", hidden=256, ffn=512)
+@pytest.mark.parametrize("projections, on_kernel", [
+    ("Q4_K_M", f"{5 * LAYERS} on Q4_K blocks (as Q4_1 pairs), {2 * LAYERS} on Q6_K blocks"),
+    ("Q5_0", f"{7 * LAYERS + 1} on Q8_0 blocks"), ("Q4_0", f"{7 * LAYERS + 1} on Q8_0 blocks")])
+def test_other_quantizations_are_multiplied_as_the_files_values(tmp_path, projections, on_kernel):
+    """A GGUF with Q4_K_M projections (Q4_K, Q6_K for attn_v and ffn_down; hidden 256: whole super-blocks),
+    Q5_0 or Q4_0 ones: every projection runs on the kernel (Q4_K as Q4_1 pairs, Q5_0 / Q4_0 as Q8_0 rows),
+    and the logits equal transformers' reading of the same file, prefill and token by token."""
+    path = tmp_path / f"{projections}.gguf"
+    write_tiny_gguf(path, projections=projections, hidden=256, ffn=512)
     native = load_gguf(path)
     if kernels.library() is not None:
-        assert f"{5 * LAYERS} on Q4_K blocks (as Q4_1 pairs), {2 * LAYERS} on Q6_K blocks" in kernels.status(native)
+        assert on_kernel in kernels.status(native)
     reference = _reference(path)
     tokens = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS,
-                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, block_bytes,
+                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, as_q8_0, block_bytes,
                                       dequantize_amx_blocks, dequantize_blocks, dequantize_pairs,
                                       dequantize_q6_k_rows, packed_inputs, pair_blocks, q4_k_pairs, q6_k_rows)
 
@@ -168,3 +168,14 @@ def test_k_quants_repack_to_the_values_gguf_py_gives():
     packed = q6_k_rows(raw)
     assert packed.dtype == Q6_K_ROWS and packed_inputs(packed) == 512
     assert torch.equal(dequantize_q6_k_rows(packed), want)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0"])
+def test_q4_0_and_q5_0_rows_are_q8_0_rows_of_the_same_values(kind):
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+    weight = torch.randn(7, 96, generator=torch.Generator().manual_seed(1)).numpy()
+    weight[2, :32] = 0.0  # d = 0
+    raw = torch.from_numpy(quantize(weight, getattr(gguf.GGMLQuantizationType, kind)).copy()).view(torch.uint8)
+    want = torch.from_numpy(dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, kind)).reshape(7, 96).copy())
+    assert torch.equal(dequantize_blocks("Q8_0", as_q8_0(kind, raw)), want)

@@ -80,7 +80,7 @@ from torch import nn
 from verispec.kernels.formats import (  # noqa: F401  (re-exported)
     AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS, WEIGHT_TYPES, Format, _int8_rows, _int8_values,
     _random_blocks, block_bytes, dequantize_blocks, dequantize_pairs, dequantize_q6_k_rows, packed_inputs,
-    pair_blocks, q4_k_pairs, q6_k_rows)
+    as_q8_0, pair_blocks, q4_k_pairs, q6_k_rows)
 
 SOURCE = Path(__file__).with_name("small_m_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]

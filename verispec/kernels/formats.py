@@ -162,6 +162,21 @@ def q4_k_pairs(raw: torch.Tensor) -> torch.Tensor:
     return torch.cat([header, lanes], dim=-1).reshape(rows, -1).contiguous().view(torch.int64)
 
 
+def as_q8_0(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_0 or Q5_0 rows (uint8 (N, K / 32 * 18 or 22)) -> Q8_0 rows (uint8 (N, K / 32 * 34)) of the same
+    values: both are d * (q - 8) or d * (q - 16) with an fp16 d and a 4- or 5-bit q, which Q8_0 holds as its d
+    and an int8 (d * q exact in fp32 either way, as gguf-py computes it)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 18 if kind == "Q4_0" else 22)
+    qs = blocks[..., -16:]
+    q = torch.cat([qs & 15, qs >> 4], dim=-1).to(torch.int16)  # weights 0..15 low nibbles, 16..31 high
+    if kind == "Q5_0":
+        high = blocks[..., 2:6].contiguous().view(torch.int32)  # bit j: weight j's fifth bit
+        q |= ((high >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.int16) << 4
+    q = (q - (8 if kind == "Q4_0" else 16)).to(torch.int8)
+    return torch.cat([blocks[..., :2], q.view(torch.uint8)], dim=-1).reshape(rows, -1)
+
+
 Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, fp16 d
 
 

@@ -13,7 +13,7 @@ import torch
 
 from verispec import kernels as _k
 from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, Q4_K_BYTES, Q6_K_BYTES, _int8_rows,
-                                      _int8_values, block_bytes, dequantize_blocks, dequantize_pairs,
+                                      _int8_values, as_q8_0, block_bytes, dequantize_blocks, dequantize_pairs,
                                       dequantize_q6_k_rows, pair_blocks, q4_k_pairs, q6_k_rows)
 
 
@@ -47,8 +47,8 @@ def _tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
 
 def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Tensor | None:
     """GGUF rows for the kernel: ``raw`` uint8 (N, row bytes), row n the file's row for output n in one
-    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``) or "Q4_K" /
-    "Q6_K" (repacked, see ``_k_quant_rows``), viewed as
+    of BLOCK_FORMATS (``kind``: "Q4_1" or "Q8_0"; layouts in the C source at ``load_w_q4_1``), "Q4_0" /
+    "Q5_0" (as Q8_0 rows, ``as_q8_0``) or "Q4_K" / "Q6_K" (repacked, see ``_k_quant_rows``), viewed as
     that format's dtype (Q4_1 int32 (N, K / 32 * 5), Q8_0 uint16 (N, K / 32 * 17)): no torch op reads
     them as numbers, and rows still cut and join like rows (q | k | v, gate | up). Where AMX multiplies GGUF
     blocks (``amx_blocks``) and N % 16 == 0, rows are tiled for it (``_amx_blocks``: the same values,
@@ -60,6 +60,9 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     make the kernel compute something else than torch's path)."""
     if kind in ("Q4_K", "Q6_K"):
         return _k_quant_rows(weight, kind, raw)
+    if kind in ("Q4_0", "Q5_0") and raw.dtype == torch.uint8 and raw.dim() == 2 and \
+            raw.shape[1] == weight.shape[1] // 32 * (18 if kind == "Q4_0" else 22) and weight.shape[1] % 32 == 0:
+        kind, raw = "Q8_0", as_q8_0(kind, raw.detach())  # the same values as Q8_0 rows, checked below
     dtype = BLOCK_FORMATS.get(kind)
     out_features, in_features = weight.shape
     if dtype is None or kind in _k._failed or in_features % 32 or raw.dtype != torch.uint8 or raw.is_cuda \

@@ -6,10 +6,10 @@
 Every tensor is dequantized to float32 with ``gguf.quants.dequantize`` (the reader the llama.cpp project
 maintains), so the model is exactly the file's dequantized weights. llama.cpp's converter permutes the
 rows of the q and k projections (it pairs rotary halves differently); ``_unpermute_rows`` undoes that.
-Linear layers stored in a block format the CPU kernel reads (Q4_1, Q8_0; Q4_K and Q6_K, repacked) also keep
-their raw rows as ``module.gguf_blocks = (type name, uint8 (N, row bytes))``: the kernel then multiplies by
-the very same dequantized values while reading ~4.5-10 bits per weight instead of 32. Other formats (Q5_K,
-Q2_K, IQ*, ...) run as float32 weights. The tokenizer is rebuilt from
+Linear layers stored in a block format the CPU kernel reads (Q4_1, Q8_0; Q4_0 and Q5_0 as Q8_0, Q4_K and
+Q6_K repacked) also keep their raw rows as ``module.gguf_blocks = (type name, uint8 (N, row bytes))``: the
+kernel then multiplies by the very same dequantized values while reading ~4.5-10 bits per weight instead of
+32. Other formats (Q5_1, Q5_K, Q2_K, IQ*, ...) run as float32 weights. The tokenizer is rebuilt from
 the file's metadata by transformers once; both conversions are cached beside the kernel build
 (``kernels.cache_dir()``), keyed by the file's path, size and modification time.
 """
@@ -28,7 +28,7 @@ from verispec.models.checkpoint_io import weights_to_load
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-BLOCK_FORMATS = ("Q4_1", "Q8_0", "Q4_K", "Q6_K")  # kept as raw rows for the kernel (see the module docstring)
+BLOCK_FORMATS = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # kept as raw rows for the kernel (see the module docstring)
 
 # GGUF tensor name (per layer, without "blk.N.") -> the native model's parameter name
 _LAYER_TENSORS = {
