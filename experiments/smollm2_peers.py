@@ -5,6 +5,10 @@ on the very same GGUF file, plain and with its prompt-lookup drafting), one proc
 
     python experiments/smollm2_peers.py --threads 1 --out docs/results/smollm2-peers-t1.json
     python experiments/smollm2_peers.py --threads 2 --skip transformers
+    python experiments/smollm2_peers.py --gguf runs/smollm2-q4_k_m.gguf --skip transformers
+
+``--gguf PATH`` runs another GGUF file of SmolLM2 (say llama.cpp's Q4_K_M of it) instead of the shipped one:
+verispec plain decoding only (the shipped drafts belong to the shipped file), llama.cpp on the same file.
 
 Greedy, held-out code and chat prompts (verispec/data/smollm2_heldout_prompts.json), ``--tokens`` new
 tokens at most (every system stops at EOS). Per system: tokens/s = generated tokens / wall time over all
@@ -39,12 +43,14 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def verispec_systems(pair, tokens: int):
-    vocab = resolve_draft_vocab(pair, "auto")
-    specs = {"verispec plain": SpecConfig(method="none"),
-             "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
-             "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle"),
-             "verispec eagle+lookup3 g2": SpecConfig(method="chain", gamma=2, drafter="eagle", lookup=3)}
+def verispec_systems(pair, tokens: int, plain_only: bool = False):
+    specs = {"verispec plain": SpecConfig(method="none")}
+    if not plain_only:
+        vocab = resolve_draft_vocab(pair, "auto")
+        specs |= {
+                  "verispec chain g4": SpecConfig(method="chain", gamma=4, draft_vocab=vocab),
+                  "verispec eagle g2": SpecConfig(method="chain", gamma=2, drafter="eagle"),
+                  "verispec eagle+lookup3 g2": SpecConfig(method="chain", gamma=2, drafter="eagle", lookup=3)}
     stop = StopRules(max_tokens=tokens, eos_ids=tuple(eos_ids(pair.tokenizer, pair.target)))
     systems = {}
     for name, spec in specs.items():
@@ -78,14 +84,13 @@ def transformers_systems(pair, tokens: int):
     return {"transformers plain": make(None), "transformers assisted": make(draft)}
 
 
-def llama_cpp_systems(threads: int, tokens: int):
+def llama_cpp_systems(threads: int, tokens: int, path: str):
     try:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError as err:
         print(f"llama.cpp skipped: {err} (pip install llama-cpp-python==0.3.36)", file=sys.stderr)
         return {}
-    path = str(smollm2_path())
     models = {"llama.cpp plain": Llama(model_path=path, n_threads=threads, n_ctx=2048, verbose=False),
               "llama.cpp prompt lookup": Llama(model_path=path, n_threads=threads, n_ctx=2048, verbose=False,
                                                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))}
@@ -111,16 +116,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], choices=["transformers", "llama.cpp"])
     parser.add_argument("--out", default=None, help="write the JSON record here")
+    parser.add_argument("--gguf", default=None, help="another GGUF file of SmolLM2 (plain decoding only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = load_pair("smollm2", need_eagle=True)
+    path = args.gguf or str(smollm2_path())
+    pair = load_pair(path, need_draft=False) if args.gguf else load_pair("smollm2", need_eagle=True)
     prompts = demo_prompts(args.prompts, "smollm2")
     jobs = [(w, pair.tokenizer.encode(p, add_special_tokens=False)) for w in ("code", "chat") for p in prompts[w]]
-    systems = verispec_systems(pair, args.tokens)
-    if "transformers" not in args.skip:
+    systems = verispec_systems(pair, args.tokens, plain_only=bool(args.gguf))
+    if "transformers" not in args.skip and not args.gguf:
         systems.update(transformers_systems(pair, args.tokens))
     if "llama.cpp" not in args.skip:
-        systems.update(llama_cpp_systems(args.threads, args.tokens))
+        systems.update(llama_cpp_systems(args.threads, args.tokens, path))
     for run in systems.values():  # warm-up: one-off allocations out of the timings
         run(jobs[0][1][:16])
     timings = {name: {w: [] for w in ("code", "chat")} for name in systems}
@@ -149,7 +156,7 @@ def main(argv=None) -> int:
     for name, row in rows.items():
         for workload in ("code", "chat"):
             row[workload]["x_verispec_plain"] = row[workload]["tokens_per_s"] / base[workload]["tokens_per_s"]
-    record = {"cpu": cpu_name(), "kernels": kernels.status(pair.target), "threads": args.threads,
+    record = {"cpu": cpu_name(), "file": Path(path).name, "kernels": kernels.status(pair.target), "threads": args.threads,
               "tokens": args.tokens, "prompts_per_workload": args.prompts, "repeats": args.repeats,
               "command": "python experiments/smollm2_peers.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "systems": rows}
