@@ -156,7 +156,8 @@ def main(argv=None) -> int:
     for name, row in rows.items():
         for workload in ("code", "chat"):
             row[workload]["x_verispec_plain"] = row[workload]["tokens_per_s"] / base[workload]["tokens_per_s"]
-    record = {"cpu": cpu_name(), "file": Path(path).name, "kernels": kernels.status(pair.target), "threads": args.threads,
+    record = {"cpu": cpu_name(), "file": Path(path).name, "kernels": kernels.status(pair.target),
+              "threads": args.threads,
               "tokens": args.tokens, "prompts_per_workload": args.prompts, "repeats": args.repeats,
               "command": "python experiments/smollm2_peers.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "systems": rows}

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS,
-                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, as_q8_0, block_bytes,
-                                      dequantize_amx_blocks, dequantize_blocks, dequantize_pairs,
+                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, as_q8_0,
+                                      block_bytes, dequantize_amx_blocks, dequantize_blocks, dequantize_pairs,
                                       dequantize_q6_k_rows, packed_inputs, pair_blocks, q4_k_pairs, q6_k_rows)
 
 

@@ -48,7 +48,8 @@ BLOCK_FORMATS = {form.name: dtype for dtype, form in FORMATS.items() if form.nam
 PAIRS = torch.int64  # the "Q4_1 pairs" dtype: a GGUF file's Q4_1 rows as the AVX-512 loop reads them best
 Q6_K_ROWS = torch.float8_e5m2  # the "Q6_K rows" dtype: raw bytes a float8 dtype only tells apart
 AMX_BLOCKS = {"Q4_1": torch.float8_e4m3fn, "Q8_0": torch.uint32}  # GGUF rows tiled for AMX, by the file's format
-GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS, *AMX_BLOCKS.values(), Q6_K_ROWS)  # packed weights that hold a GGUF file's values
+# packed weights that hold a GGUF file's values
+GGUF_DTYPES = (*BLOCK_FORMATS.values(), PAIRS, *AMX_BLOCKS.values(), Q6_K_ROWS)
 
 
 def packed_inputs(weight: torch.Tensor) -> int:
@@ -186,15 +187,15 @@ def q6_k_rows(raw: torch.Tensor) -> torch.Tensor:
     then the 32 weights' q - 32 as int8. gguf-py's value is (d * sc) * (q - 32) rounded once in float32,
     which is what the kernel's one multiply gives."""
     rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, Q6_K_BYTES).long()
+    blocks = raw.reshape(rows, -1, Q6_K_BYTES)  # uint8 throughout: no wide copy of a large matrix
     low, high = blocks[..., :128].reshape(rows, -1, 2, 64), blocks[..., 128:192].reshape(rows, -1, 2, 32)
-    sc = blocks[..., 192:208].to(torch.uint8).view(torch.int8).float()  # (N, S, 16)
-    d = blocks[..., 208:210].to(torch.uint8).contiguous().view(torch.float16).float()  # (N, S, 1)
+    sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # (N, S, 16)
+    d = blocks[..., 208:210].contiguous().view(torch.float16).float()  # (N, S, 1)
     # 128 weights per half h: 4 quarters of 32, quarter j low bits from low[h][32 (j % 2) ..] >> 4 (j // 2),
     # high bits from high[h] >> 2 j
     quarters = [((low[..., 32 * (j % 2):32 * (j % 2) + 32] >> (4 * (j // 2))) & 15)
                 | (((high >> (2 * j)) & 3) << 4) for j in range(4)]
-    q = (torch.stack(quarters, dim=-2) - 32).reshape(rows, -1, 8, 32).to(torch.int8)  # (N, S, 8 blocks, 32)
+    q = (torch.stack(quarters, dim=-2).to(torch.int8) - 32).reshape(rows, -1, 8, 32)  # (N, S, 8 blocks, 32)
     scales = (d * sc).reshape(rows, -1, 8, 2).contiguous().view(torch.uint8)  # (N, S, 8, 8 bytes)
     packed = torch.cat([scales, q.view(torch.uint8)], dim=-1)  # (N, S, 8, 40)
     return packed.reshape(rows, -1).contiguous().view(Q6_K_ROWS)

@@ -28,7 +28,7 @@ from verispec.models.checkpoint_io import weights_to_load
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-BLOCK_FORMATS = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # kept as raw rows for the kernel (see the module docstring)
+BLOCK_FORMATS = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # kept as raw rows for the kernel (module docstring)
 
 # GGUF tensor name (per layer, without "blk.N.") -> the native model's parameter name
 _LAYER_TENSORS = {
