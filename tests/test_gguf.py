@@ -13,7 +13,7 @@ from gguf.quants import quantize  # noqa: E402
 
 from verispec import kernels  # noqa: E402
 from verispec.errors import CheckpointError  # noqa: E402
-from verispec.kernels.formats import _random_q4_k, _random_q6_k  # noqa: E402
+from verispec.kernels.formats import _random_blocks  # noqa: E402
 from verispec.loading import load_pair, smollm2_path  # noqa: E402
 from verispec.models.gguf import gguf_config, load_gguf  # noqa: E402
 
@@ -52,8 +52,8 @@ def write_tiny_gguf(path, arch: str = "llama", seed: int = 0, projections: str =
         if kind == GGMLQuantizationType.F32:
             writer.add_tensor(name, stored.astype(np.float32))
         elif kind in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K):  # random rows (no quantizer)
-            rows = _random_q4_k if kind == GGMLQuantizationType.Q4_K else _random_q6_k
-            raw = rows(*values.shape, torch.Generator().manual_seed(int(rng.integers(1 << 30)))).numpy()
+            generator = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+            raw = _random_blocks(kind.name, *values.shape, generator).numpy()
             writer.add_tensor(name, _permute(raw, heads) if heads else raw, raw_dtype=kind)
         else:
             writer.add_tensor(name, quantize(stored.astype(np.float32), kind), raw_dtype=kind)

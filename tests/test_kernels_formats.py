@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from verispec.kernels.formats import (AMX_BLOCKS, BLOCK_FORMATS, FORMATS, GGUF_DTYPES, PAIRS, Q6_K_ROWS,
-                                      _int8_rows, _int8_values, _random_blocks, _random_q4_k, _random_q6_k, as_q8_0,
+                                      _int8_rows, _int8_values, _random_blocks, as_q8_0,
                                       block_bytes, dequantize_amx_blocks, dequantize_blocks, dequantize_pairs,
                                       dequantize_q6_k_rows, packed_inputs, pair_blocks, q4_k_pairs, q6_k_rows)
 
@@ -159,11 +159,11 @@ def test_k_quants_repack_to_the_values_gguf_py_gives():
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize
     generator = torch.Generator().manual_seed(0)
-    raw = _random_q4_k(6, 512, generator)
+    raw = _random_blocks("Q4_K", 6, 512, generator)
     raw[0, :4] = 0  # d = dmin = 0
     want = torch.from_numpy(dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_K).reshape(6, 512).copy())
     assert torch.equal(dequantize_pairs(q4_k_pairs(raw)), want)
-    raw = _random_q6_k(6, 512, generator)
+    raw = _random_blocks("Q6_K", 6, 512, generator)
     want = torch.from_numpy(dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q6_K).reshape(6, 512).copy())
     packed = q6_k_rows(raw)
     assert packed.dtype == Q6_K_ROWS and packed_inputs(packed) == 512

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels
-from verispec.kernels.formats import _random_q4_k, _random_q6_k
+from verispec.kernels.formats import _random_blocks
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM
 
 gguf = pytest.importorskip("gguf")
@@ -112,7 +112,7 @@ def test_k_quant_rows_multiply_by_the_files_values(kind, avx512):
     weight."""
     if avx512 and not kernels.avx512():
         pytest.skip(f"no AVX-512 loop on this CPU: {kernels.status()}")
-    raw = (_random_q4_k if kind == "Q4_K" else _random_q6_k)(40, 512, torch.Generator().manual_seed(2))
+    raw = _random_blocks(kind, 40, 512, torch.Generator().manual_seed(2))
     qtype = getattr(gguf.GGMLQuantizationType, kind)
     values = torch.from_numpy(np.asarray(dequantize(raw.numpy(), qtype), dtype=np.float32)).reshape(40, 512)
     packed = kernels._pack_weight(values, (kind, raw))

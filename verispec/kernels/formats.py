@@ -87,23 +87,21 @@ def dequantize_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor:
     return values.mul_(d).add_(m).reshape(raw.shape[0], -1)
 
 
+# Random GGUF rows (``_random_blocks``), per format: bytes and weights a block, where its fp16 scales start and
+# how many, and their range as (shift, span): uniform over (-shift * span, (1 - shift) * span).
+_RANDOM_LAYOUTS = {"Q4_1": (20, 32, 0, 2, 0.25, 0.1), "Q8_0": (34, 32, 0, 1, 0.25, 0.1),
+                   "Q4_K": (144, 256, 0, 2, -0.05, 2e-3), "Q6_K": (210, 256, 208, 1, -0.02, 5e-4)}
+
+
 def _random_blocks(kind: str, out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
-    """Random GGUF rows (uint8 (N, row bytes)) with finite scales, for the self-check."""
-    raw = torch.randint(0, 256, (out_features, in_features // 32, block_bytes(kind)), dtype=torch.uint8,
+    """Random GGUF rows (uint8 (N, row bytes)) of ``kind`` (Q4_1, Q8_0, Q4_K or Q6_K) with finite scales, for
+    the self-check and tests (gguf-py has no K-quant quantizer): any other bytes (K-quants: positive d, dmin;
+    values within about +-2)."""
+    size, weights, at, headers, shift, span = _RANDOM_LAYOUTS[kind]
+    raw = torch.randint(0, 256, (out_features, in_features // weights, size), dtype=torch.uint8,
                         generator=generator)
-    headers = 1 if kind == "Q8_0" else 2  # d, or d and m
-    scales = (torch.rand(out_features, in_features // 32, headers, generator=generator) - 0.25) * 0.1
-    raw[..., :2 * headers] = scales.half().view(torch.uint8)
-    return raw.reshape(out_features, -1)
-
-
-def _random_q4_k(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
-    """Random GGUF Q4_K rows (uint8 (N, K / 256 * 144); gguf-py has no Q4_K quantizer) for tests: any scale
-    bytes and nibbles, small positive fp16 d and dmin (so values stay within about +-2)."""
-    raw = torch.randint(0, 256, (out_features, in_features // 256, Q4_K_BYTES), dtype=torch.uint8,
-                        generator=generator)
-    scales = torch.rand(out_features, in_features // 256, 2, generator=generator) * 2e-3 + 1e-4  # d, dmin
-    raw[..., :4] = scales.half().view(torch.uint8)
+    scales = (torch.rand(out_features, in_features // weights, headers, generator=generator) - shift) * span
+    raw[..., at:at + 2 * headers] = scales.half().view(torch.uint8)
     return raw.reshape(out_features, -1)
 
 
@@ -208,16 +206,6 @@ def dequantize_q6_k_rows(packed: torch.Tensor) -> torch.Tensor:
     scales = blocks[..., :8].contiguous().view(torch.float32)  # (N, B, 2)
     q = blocks[..., 8:].contiguous().view(torch.int8).reshape(rows, -1, 2, 16).float()
     return (scales[..., None] * q).reshape(rows, -1)
-
-
-def _random_q6_k(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:
-    """Random GGUF Q6_K rows (uint8 (N, K / 256 * 210); gguf-py has no Q6_K quantizer) for tests: any bits
-    and int8 scales, a small positive fp16 d (so values stay within about +-2)."""
-    raw = torch.randint(0, 256, (out_features, in_features // 256, Q6_K_BYTES), dtype=torch.uint8,
-                        generator=generator)
-    d = torch.rand(out_features, in_features // 256, 1, generator=generator) * 5e-4 + 1e-5
-    raw[..., -2:] = d.half().view(torch.uint8)
-    return raw.reshape(out_features, -1)
 
 
 def _random_q6_k_rows(out_features: int, in_features: int, generator: torch.Generator) -> torch.Tensor:

@@ -72,9 +72,8 @@ def _pack_blocks(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.Te
     raw = raw.detach().contiguous()
     if raw.storage_offset() % dtype.itemsize:
         raw = raw.clone()
-    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
-        if not torch.equal(dequantize_blocks(kind, raw[first:first + 4096]), weight[first:first + 4096]):
-            return None
+    if not _holds(lambda rows: dequantize_blocks(kind, rows), raw, weight):
+        return None
     tiled = _amx_blocks(kind, raw) if out_features % 16 == 0 else None
     if tiled is not None:
         return tiled
@@ -95,10 +94,14 @@ def _k_quant_rows(weight: torch.Tensor, kind: str, raw: torch.Tensor) -> torch.T
             or weight.dtype != torch.float32 or tuple(raw.shape) != (out_features, in_features // 256 * size):
         return None
     packed = repack(raw.detach())
-    for first in range(0, out_features, 4096):  # slices: the check's float copies stay small
-        if not torch.equal(values(packed[first:first + 4096]), weight[first:first + 4096]):
-            return None
-    return packed
+    return packed if _holds(values, packed, weight) else None
+
+
+def _holds(values, rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``values(rows)`` (a format's dequantization) is exactly ``weight``, checked in slices of 4096
+    rows so the check's float copies stay small."""
+    return all(torch.equal(values(rows[first:first + 4096]), weight[first:first + 4096])
+               for first in range(0, weight.shape[0], 4096))
 
 
 def _amx_blocks(kind: str, raw: torch.Tensor) -> torch.Tensor | None:
