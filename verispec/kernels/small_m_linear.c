@@ -7,8 +7,8 @@
  * Q4_1 / Q8_0 blocks, multiplied by exactly their dequantized values (see load_w_q4_1).
  *
  * Shape letters: M input rows, K input features (multiple of 8; of 32 for blocks), N output features.
- * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident) and, inside, chunks of at
- * most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
+ * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident; 8 rows for one input row)
+ * and, inside, chunks of at most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
  * strided subset of k), reduced horizontally once at the end; NB, MB and KU are compile-time constants
  * after inlining. KU is 1 everywhere so that every output is summed in the same order whatever M is:
  * a row's result does not depend on which other rows share the call (verification and plain decoding
@@ -30,7 +30,9 @@
  * the stream stalled at ~9 GB/s on the Zen 4 EPYC, where into L2 it ran at ~17 (SmolLM2's projections
  * as bf16 weights at one row: 28.5 -> 15.6 ms; the tiny target's decode step 4.27 -> 2.33 ms, its
  * 8-row pass 5.69 -> 5.32; GGUF blocks, bound by dequantizing, level or slightly faster). */
+#ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 16
+#endif
 
 INLINE __m256 load_w_f32(const void *base, long index) {
     return _mm256_loadu_ps((const float *)base + index);
@@ -70,8 +72,8 @@ INLINE __m256 load_w_q4_1(const char *block, int g) {
     memcpy(&header, block, 4);
     const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(header));  /* d, m, d, m, ... */
     __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(block + 4 + 8 * (g & 1))));
-    if (g >= 2) q = _mm256_srli_epi32(q, 4);
-    q = _mm256_and_si256(q, _mm256_set1_epi32(15));
+    /* Bytes widened to 32 bits: the high nibble is the byte shifted, the low one needs the mask. */
+    q = g >= 2 ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(15));
     return _mm256_fmadd_ps(_mm256_permute_ps(dm, 0x00), _mm256_cvtepi32_ps(q), _mm256_permute_ps(dm, 0x55));
 }
 
@@ -115,8 +117,8 @@ INLINE long row_bytes(int wt, long K) {
  * rows past their scale), its scale (int8 rows: their own; other formats 1) and the prefetch distance,
  * PREFETCH_ROWS rows in bytes. Made by weight_rows; shared by block() and block16(). */
 typedef struct {
-    const char *start[4];
-    float scale[4];
+    const char *start[8];
+    float scale[8];
     long ahead;
 } WeightRows;
 
@@ -138,7 +140,7 @@ INLINE void prefetch_rows(const WeightRows *rows, const int NB, long offset) {
 }
 
 /* acc[a][b] += w lanes of row a * x lanes k .. k + 7 of input row b. */
-INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, long K, long k, const int MB,
+INLINE void accumulate(__m256 acc[8][8], const __m256 wv[8], const float *xb, long K, long k, const int MB,
                        const int NB) {
     for (int b = 0; b < MB; b++) {
         __m256 xv = _mm256_loadu_ps(xb + b * K + k);
@@ -154,17 +156,36 @@ INLINE void accumulate(__m256 acc[4][8], const __m256 wv[4], const float *xb, lo
 INLINE void block(const float *x, const void *w, int wt, float *y, const float *bias, long K, long N,
                   long m0, const int MB, long n0, const int NB) {
     const WeightRows rows = weight_rows(w, wt, K, N, n0, NB);
-    __m256 acc[4][8];
+    __m256 acc[8][8];
     for (int a = 0; a < NB; a++)
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     const float *xb = x + m0 * K;
-    __m256 wv[4];
+    __m256 wv[8];
     if (wt == 5 || wt == 6 || wt == 7 || wt == 10) {
         const long size = wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34;  /* bytes a block */
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
-            /* The NB rows' blocks dequantized first, then multiplied: interleaving the two kept too many
-             * registers live (spills; 1.3x the time at one row, 576 x 1536 Q4_1 on the Zen 3). */
+            if (MB == 1) {
+                /* One input row (decode): each weight row's block dequantized and multiplied in turn, NB
+                 * (8) rows giving 8 independent FMA chains, where 4 left the loop waiting on their latency
+                 * (SmolLM2's decode step 19.7 -> 18.3 ms, Zen 3 EPYC, one thread). Each output still sums
+                 * lanes k mod 8 in ascending k: the same bits as the chunked path below. */
+                prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
+                for (int a = 0; a < NB; a++) {
+                    const char *gguf_block = rows.start[a] + at;
+#pragma GCC unroll 4
+                    for (int g = 0; g < 4; g++) {
+                        const __m256 w8 = wt == 5 ? load_w_q4_1(gguf_block, g)
+                                        : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
+                                        : wt == 10 ? load_w_q6_k(gguf_block, g)
+                                                   : load_w_q8_0(gguf_block, g);
+                        acc[a][0] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + k + 8 * g), acc[a][0]);
+                    }
+                }
+                continue;
+            }
+            /* Several input rows: the NB rows' blocks dequantized first, then multiplied (interleaving the
+             * two kept too many registers live: spills, 1.3x the time, 576 x 1536 Q4_1 on the Zen 3). */
             __m256 dequantized[4][4];
             /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
              * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
@@ -487,6 +508,22 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
     if (wtype == 8 || wtype == 9) return run_amx_blocks(x, (const uint8_t *)w, wtype == 9, y, bias, M, K, N, threads);
     if (use_avx512 && K % 16 == 0) {
         run16(x, w, wtype, y, bias, M, K, N, threads);
+        return 0;
+    }
+    if (M == 1) {  /* decode: 8 weight rows a block (see block) */
+        long blocks = (N + 7) / 8;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (long i = 0; i < blocks; i++) {
+            switch (wtype) {
+            case 1: block(x, w, 1, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            case 3: block(x, w, 3, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            case 5: block(x, w, 5, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            case 6: block(x, w, 6, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            case 7: block(x, w, 7, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            case 10: block(x, w, 10, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            default: block(x, w, 0, y, bias, K, N, 0, 1, 8 * i, 8); break;
+            }
+        }
         return 0;
     }
     long blocks = (N + 3) / 4;
