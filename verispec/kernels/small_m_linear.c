@@ -165,11 +165,12 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
         const long size = wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34;  /* bytes a block */
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
-            if (MB == 1) {
-                /* One input row (decode): each weight row's block dequantized and multiplied in turn, NB
-                 * (8) rows giving 8 independent FMA chains, where 4 left the loop waiting on their latency
-                 * (SmolLM2's decode step 19.7 -> 18.3 ms, Zen 3 EPYC, one thread). Each output still sums
-                 * lanes k mod 8 in ascending k: the same bits as the chunked path below. */
+            if (MB <= 2) {
+                /* One or two input rows: each weight row's block dequantized and multiplied in turn, 8
+                 * independent FMA chains (NB 8 at one row, 4 x 2 at two) kept busy, where dequantizing
+                 * all NB rows first left one row's 4 chains waiting on their latency (Zen 3 EPYC, one
+                 * thread, SmolLM2: decode 19.7 -> 18.3 ms, a 2-position pass ~25.5 -> 23.3). Each output
+                 * still sums lanes k mod 8 in ascending k: the same bits as the path below. */
                 prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
                 for (int a = 0; a < NB; a++) {
                     const char *gguf_block = rows.start[a] + at;
@@ -179,13 +180,14 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
                                         : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
                                         : wt == 10 ? load_w_q6_k(gguf_block, g)
                                                    : load_w_q8_0(gguf_block, g);
-                        acc[a][0] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + k + 8 * g), acc[a][0]);
+                        for (int b = 0; b < MB; b++)
+                            acc[a][b] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + b * K + k + 8 * g), acc[a][b]);
                     }
                 }
                 continue;
             }
-            /* Several input rows: the NB rows' blocks dequantized first, then multiplied (interleaving the
-             * two kept too many registers live: spills, 1.3x the time, 576 x 1536 Q4_1 on the Zen 3). */
+            /* Three or more input rows: the NB rows' blocks dequantized first, then multiplied (no faster
+             * interleaved at 3-4 rows; it once spilled registers, 1.3x the time, 576 x 1536 Q4_1). */
             __m256 dequantized[4][4];
             /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
              * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
