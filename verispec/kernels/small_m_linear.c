@@ -107,10 +107,12 @@ INLINE __m256 load_w_q6_k(const char *block, int g) {
     return _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(q));
 }
 
+/* Bytes per 32 weights of the block formats: Q4_1 (5), Q8_0 (6), Q4_1 pairs (7, half a pair), Q6_K rows (10). */
+INLINE long block_bytes(int wt) { return wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34; }
+
 /* Bytes of one weight row of K inputs (int8 rows: with their scale). */
 INLINE long row_bytes(int wt, long K) {
-    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : wt == 5 ? K / 32 * 20 : wt == 7 ? K / 32 * 24
-         : wt == 10 ? K / 32 * 40 : K / 32 * 34;
+    return wt == 0 ? 4 * K : wt == 1 ? 2 * K : wt == 3 ? K + 4 : K / 32 * block_bytes(wt);
 }
 
 /* The weight rows n0 .. n0 + NB - 1 a block reads (rows >= N read row N - 1): where each starts (int8
@@ -162,7 +164,7 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
     const float *xb = x + m0 * K;
     __m256 wv[8];
     if (wt == 5 || wt == 6 || wt == 7 || wt == 10) {
-        const long size = wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34;  /* bytes a block */
+        const long size = block_bytes(wt);
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
             if (MB <= 2) {
@@ -378,7 +380,7 @@ INLINE512 void block16(const float *x, const void *w, int wt, float *y, const fl
             }
         }
     } else if (wt == 5 || wt == 6 || wt == 10) {
-        const long size = wt == 5 ? 20 : wt == 10 ? 40 : 34;
+        const long size = block_bytes(wt);
         for (long k = 0; k < K; k += 32) {
             const long at = k / 32 * size;
             __m512 dequantized[4][2];
