@@ -8,11 +8,11 @@
  *
  * Shape letters: M input rows, K input features (multiple of 8; of 32 for blocks), N output features.
  * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident; 8 rows for one input row)
- * and, inside, chunks of at most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes (partial dot products over a
- * strided subset of k), reduced horizontally once at the end; NB, MB and KU are compile-time constants
- * after inlining. KU is 1 everywhere so that every output is summed in the same order whatever M is:
- * a row's result does not depend on which other rows share the call (verification and plain decoding
- * see bit-identical projections). One row is memory-bound anyway, so its 4 FMA chains suffice.
+ * and, inside, chunks of at most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes
+ * (partial dot products over a strided subset of k), reduced horizontally once at the end; NB, MB and
+ * KU are compile-time constants after inlining. KU is 1 everywhere so that every output is summed in
+ * the same order whatever M is: a row's result does not depend on which other rows share the call
+ * (verification and plain decoding see bit-identical projections).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -30,7 +30,7 @@
  * the stream stalled at ~9 GB/s on the Zen 4 EPYC, where into L2 it ran at ~17 (SmolLM2's projections
  * as bf16 weights at one row: 28.5 -> 15.6 ms; the tiny target's decode step 4.27 -> 2.33 ms, its
  * 8-row pass 5.69 -> 5.32; GGUF blocks, bound by dequantizing, level or slightly faster). */
-#ifndef PREFETCH_ROWS
+#ifndef PREFETCH_ROWS  /* -DPREFETCH_ROWS=N tries another distance (experiments/kernel_ab.py WORK:-D...) */
 #define PREFETCH_ROWS 16
 #endif
 
@@ -229,9 +229,14 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
 }
 
 /* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
- * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks). */
+ * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks).
+ * One input row: rows n0 .. n0 + 7 (see block). */
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
+    if (M == 1) {
+        block(x, w, wt, y, bias, K, N, 0, 1, n0, 8);
+        return;
+    }
     long m0 = 0;
     if ((wt == 5 || wt == 6 || wt == 7 || wt == 10) && M >= 7 && M <= 8) {
         /* GGUF blocks: dequantizing a block costs about what multiplying it by 4 rows does, so 7-8 rows
@@ -514,33 +519,18 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
         run16(x, w, wtype, y, bias, M, K, N, threads);
         return 0;
     }
-    if (M == 1) {  /* decode: 8 weight rows a block (see block) */
-        long blocks = (N + 7) / 8;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long i = 0; i < blocks; i++) {
-            switch (wtype) {
-            case 1: block(x, w, 1, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            case 3: block(x, w, 3, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            case 5: block(x, w, 5, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            case 6: block(x, w, 6, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            case 7: block(x, w, 7, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            case 10: block(x, w, 10, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            default: block(x, w, 0, y, bias, K, N, 0, 1, 8 * i, 8); break;
-            }
-        }
-        return 0;
-    }
-    long blocks = (N + 3) / 4;
+    const long per_block = M == 1 ? 8 : 4;  /* weight rows a weight_block covers */
+    long blocks = (N + per_block - 1) / per_block;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long i = 0; i < blocks; i++) {
         switch (wtype) {  /* each type its own inlined copy: wt is a constant in block() */
-        case 1: weight_block(x, w, 1, y, bias, M, K, N, 4 * i); break;
-        case 3: weight_block(x, w, 3, y, bias, M, K, N, 4 * i); break;
-        case 5: weight_block(x, w, 5, y, bias, M, K, N, 4 * i); break;
-        case 6: weight_block(x, w, 6, y, bias, M, K, N, 4 * i); break;
-        case 7: weight_block(x, w, 7, y, bias, M, K, N, 4 * i); break;
-        case 10: weight_block(x, w, 10, y, bias, M, K, N, 4 * i); break;
-        default: weight_block(x, w, 0, y, bias, M, K, N, 4 * i); break;
+        case 1: weight_block(x, w, 1, y, bias, M, K, N, per_block * i); break;
+        case 3: weight_block(x, w, 3, y, bias, M, K, N, per_block * i); break;
+        case 5: weight_block(x, w, 5, y, bias, M, K, N, per_block * i); break;
+        case 6: weight_block(x, w, 6, y, bias, M, K, N, per_block * i); break;
+        case 7: weight_block(x, w, 7, y, bias, M, K, N, per_block * i); break;
+        case 10: weight_block(x, w, 10, y, bias, M, K, N, per_block * i); break;
+        default: weight_block(x, w, 0, y, bias, M, K, N, per_block * i); break;
         }
     }
     return 0;
