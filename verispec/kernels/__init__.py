@@ -35,7 +35,8 @@ rows multiplied directly (``_pack_blocks``): exactly the dequantized values, at 
 read. K-quants are repacked with the same values: Q4_K as Q4_1 pairs with fp32 scales (``q4_k_pairs``, 6
 bits a weight), Q6_K as int8 with an fp32 scale per 16 ("Q6_K rows", ``q6_k_rows``, 10 bits); Q4_0 and
 Q5_0 as Q8_0 rows (``as_q8_0``). Self-check: loading runs one small product per weight path against
-float64 (``_self_check``); a path that disagrees is not packed for (fp32: the library stays off), and ``status()`` says so.
+float64 (``_self_check``); a path that disagrees is not packed for (fp32: the library stays off), and
+``status()`` says so.
 
 AVX-512: on CPUs with AVX-512 F/BW/VL/DQ the same formats go through a 16-lane loop (``avx512()``;
 products of K % 16 == 0, other widths the AVX2 loop), checked at load like the others: a failing

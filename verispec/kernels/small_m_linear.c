@@ -107,6 +107,12 @@ INLINE __m256 load_w_q6_k(const char *block, int g) {
     return _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(q));
 }
 
+/* Lanes g (weights 8g .. 8g + 7) of the GGUF block at ``block`` (input k's block; wt 5, 6, 7 or 10). */
+INLINE __m256 load_w_block(const char *block, int wt, long k, int g) {
+    return wt == 5 ? load_w_q4_1(block, g) : wt == 7 ? load_w_q4_1_pairs(block, (int)(k / 32 % 2), g)
+         : wt == 10 ? load_w_q6_k(block, g) : load_w_q8_0(block, g);
+}
+
 /* Bytes per 32 weights of the block formats: Q4_1 (5), Q8_0 (6), Q4_1 pairs (7, half a pair), Q6_K rows (10). */
 INLINE long block_bytes(int wt) { return wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34; }
 
@@ -167,43 +173,31 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
         const long size = block_bytes(wt);
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
+            /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
+             * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
+             * Unconditional: a check for a new line cost as much as the repeats. */
+            prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
             if (MB <= 2) {
                 /* One or two input rows: each weight row's block dequantized and multiplied in turn, 8
                  * independent FMA chains (NB 8 at one row, 4 x 2 at two) kept busy, where dequantizing
                  * all NB rows first left one row's 4 chains waiting on their latency (Zen 3 EPYC, one
                  * thread, SmolLM2: decode 19.7 -> 18.3 ms, a 2-position pass ~25.5 -> 23.3). Each output
                  * still sums lanes k mod 8 in ascending k: the same bits as the path below. */
-                prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
-                for (int a = 0; a < NB; a++) {
-                    const char *gguf_block = rows.start[a] + at;
+                for (int a = 0; a < NB; a++)
 #pragma GCC unroll 4
                     for (int g = 0; g < 4; g++) {
-                        const __m256 w8 = wt == 5 ? load_w_q4_1(gguf_block, g)
-                                        : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
-                                        : wt == 10 ? load_w_q6_k(gguf_block, g)
-                                                   : load_w_q8_0(gguf_block, g);
+                        const __m256 w8 = load_w_block(rows.start[a] + at, wt, k, g);
                         for (int b = 0; b < MB; b++)
                             acc[a][b] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + b * K + k + 8 * g), acc[a][b]);
                     }
-                }
                 continue;
             }
             /* Three or more input rows: the NB rows' blocks dequantized first, then multiplied (no faster
              * interleaved at 3-4 rows; it once spilled registers, 1.3x the time, 576 x 1536 Q4_1). */
             __m256 dequantized[4][4];
-            /* The block's last byte PREFETCH_ROWS rows ahead: that covers every line of the row (a block
-             * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
-             * Unconditional: a check for a new line cost as much as the repeats. */
-            prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
-            for (int a = 0; a < NB; a++) {
-                const char *gguf_block = rows.start[a] + at;
+            for (int a = 0; a < NB; a++)
 #pragma GCC unroll 4
-                for (int g = 0; g < 4; g++)
-                    dequantized[a][g] = wt == 5 ? load_w_q4_1(gguf_block, g)
-                                      : wt == 7 ? load_w_q4_1_pairs(gguf_block, (int)(k / 32 % 2), g)
-                                      : wt == 10 ? load_w_q6_k(gguf_block, g)
-                                                 : load_w_q8_0(gguf_block, g);
-            }
+                for (int g = 0; g < 4; g++) dequantized[a][g] = load_w_block(rows.start[a] + at, wt, k, g);
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 for (int a = 0; a < NB; a++) wv[a] = dequantized[a][g];
