@@ -19,7 +19,10 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/verispec demo
 
+# Tests run in TEST_WORKERS processes (pytest-xdist), one torch thread each: 2 suit a 2-core machine.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest tests
+	OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) tests
 
 .PHONY: setup demo test
