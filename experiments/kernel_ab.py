@@ -61,7 +61,7 @@ with tempfile.TemporaryDirectory() as scratch:
     libs = {spec: build(spec, Path(scratch), i) for i, spec in enumerate(specs)}
     target = load_pair(args.target, need_draft=False).target
     for context in (int(c) for c in args.contexts.split(",")):
-        cache = target.new_cache(1, 1024)
+        cache = target.new_cache(1, max(1024, context + 64))
         target.forward(torch.randint(0, 8000, (1, context)), cache)
         cache.commit(0, context)
         for new in (int(t) for t in args.tokens.split(",")):

@@ -1179,29 +1179,48 @@ static void exp_in_place(float *v, long n, float shift) {
     }
 }
 
+/* add_values for ``lanes`` x 8 dimensions from d0 on; inlined with a constant ``lanes`` (8 for each
+ * whole 64 dimensions), so that the accumulators live in registers: with a count known only at run
+ * time, GCC kept them in memory (copied in with rep movsq and flagged per store), ~40% slower on the AVX2
+ * EPYC at long contexts. Returns the cursor after the query's weights for these slots. */
+INLINE long add_value_lanes(const float *row, float *out, long from, const float *vbase, const long *slots,
+                            const uint8_t *seen, long j0, long last, long D, long d0, const long lanes) {
+    __m256 acc[8];
+    long at = from;  /* the next of the query's weights */
+    for (long c = 0; c < lanes; c++) acc[c] = _mm256_loadu_ps(out + d0 + 8 * c);
+    for (long j = j0; j < last; j++) {
+        if (seen && !seen[slots[j]]) continue;
+        const __m256 p = _mm256_set1_ps(row[at++]);
+        const float *v = vbase + slots[j] * D + d0;
+        for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
+    for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+    return at;
+}
+
 /* Values of one query's weights added into its output (att), slots j0 .. last - 1 in ascending order,
  * those it sees (seen: its mask row over slots, NULL when causal and last already caps them); cursor is
  * the index of its next weight in the compacted row. 8 accumulators in registers per 64 dimensions. */
 static void add_values(const float *row, float *out, long *cursor, const float *vbase, const long *slots,
                        const uint8_t *seen, long j0, long last, long D) {
     const long from = *cursor;
-    for (long d0 = 0; d0 < D; d0 += 64) {
-        const long lanes = D - d0 < 64 ? (D - d0) / 8 : 8;
-        __m256 acc[8];
-        long at = from;  /* the next of the query's weights */
-        for (long c = 0; c < lanes; c++) acc[c] = _mm256_loadu_ps(out + d0 + 8 * c);
-        for (long j = j0; j < last; j++) {
-            if (seen && !seen[slots[j]]) continue;
-            const __m256 p = _mm256_set1_ps(row[at++]);
-            const float *v = vbase + slots[j] * D + d0;
-            if (lanes == 8)
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-            else
-                for (long c = 0; c < lanes; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
-        }
-        for (long c = 0; c < lanes; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
-        *cursor = at;
-    }
+    long at = from;
+    for (long d0 = 0; d0 < D; d0 += 64)
+        at = D - d0 >= 64 ? add_value_lanes(row, out, from, vbase, slots, seen, j0, last, D, d0, 8)
+                          : add_value_lanes(row, out, from, vbase, slots, seen, j0, last, D, d0, (D - d0) / 8);
+    *cursor = at;
+}
+
+#ifndef KV_PREFETCH  /* -DKV_PREFETCH=N tries another distance in slots (experiments/kernel_ab.py WORK:-D...) */
+#define KV_PREFETCH 16
+#endif
+
+/* Every cache line of the key or value vectors (D floats each) at slots[from .. to - 1] (to capped at n)
+ * into L2: the scores and the value sums each stream the cache once, KV_PREFETCH slots ahead. */
+static void prefetch_slots(const float *base, const long *slots, long from, long to, long n, long D) {
+    if (KV_PREFETCH <= 0) return;  /* -DKV_PREFETCH=0: none */
+    for (long j = from; j < (to < n ? to : n); j++)
+        for (long d = 0; d < D; d += 16) _mm_prefetch((const char *)(base + slots[j] * D + d), _MM_HINT_T1);
 }
 
 /* Attention pairs (AVX-512): two queries' 8-lane accumulators side by side in one 512-bit register, each
@@ -1231,6 +1250,7 @@ AVX512_TARGET static long scores_pairs(const float *qkv, long b, long T, long g,
     const long done = T * group / 2 * 2;
     const __m512 sv = _mm512_set1_ps(scale);
     for (long j = 0; j < n; j += 8) {
+        prefetch_slots(kbase, slots, j + KV_PREFETCH, j + KV_PREFETCH + 8, n, D);
         const float *k[8];
         for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
         for (long q = 0; q < done; q += 2) {
@@ -1401,6 +1421,7 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
     const long paired = pairs ? scores_pairs(qkv, b, T, g, group, width, D, kbase, slots, n, stride,
                                              rows ? 0 : lengths[b], !rows, scale, scores) : 0;
     for (long j = 0; paired < T * group && j < n; j += 8) {  /* the queries left unpaired, one at a time */
+        if (!paired) prefetch_slots(kbase, slots, j + KV_PREFETCH, j + KV_PREFETCH + 8, n, D);
         const float *k[8];
         for (int i = 0; i < 8; i++) k[i] = kbase + slots[j + i < n ? j + i : n - 1] * D;
         for (long q = paired; q < T * group; q++) {
@@ -1409,6 +1430,7 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
                                                                     _mm256_set1_ps(scale)));
         }
     }
+    prefetch_slots(vbase, slots, 0, VALUE_BLOCK, n, D);  /* the first block of values, during the softmax */
     for (long t = 0; t < T; t++)
         for (long i = 0; i < group; i++) {  /* softmax over the query's own visible slots, compacted */
             float *row = scores + (t * group + i) * stride;
@@ -1439,6 +1461,7 @@ static void attend_row(const float *qkv, float *att, const float *keys, const fl
         }
     for (long j0 = 0; j0 < n; j0 += VALUE_BLOCK) {
         const long j1 = j0 + VALUE_BLOCK < n ? j0 + VALUE_BLOCK : n;
+        prefetch_slots(vbase, slots, j1, j1 + VALUE_BLOCK, n, D);  /* the next block, while this one is summed */
         for (long t = 0; t < T; t++) {
             const long last = rows ? j1 : (j1 < lengths[b] + t + 1 ? j1 : lengths[b] + t + 1);
             const uint8_t *seen = rows ? rows + t * S : NULL;
