@@ -1181,8 +1181,9 @@ static void exp_in_place(float *v, long n, float shift) {
 
 /* add_values for ``lanes`` x 8 dimensions from d0 on; inlined with a constant ``lanes`` (8 for each
  * whole 64 dimensions), so that the accumulators live in registers: with a count known only at run
- * time, GCC kept them in memory (copied in with rep movsq and flagged per store), ~40% slower on the AVX2
- * EPYC at long contexts. Returns the cursor after the query's weights for these slots. */
+ * time, GCC kept them in memory (copied in with rep movsq and flagged per store; SmolLM2's 8-token pass
+ * after 3000 tokens took 148.5 instead of 123.7 ms on the AVX2 EPYC). Returns the cursor after the
+ * query's weights for these slots. */
 INLINE long add_value_lanes(const float *row, float *out, long from, const float *vbase, const long *slots,
                             const uint8_t *seen, long j0, long last, long D, long d0, const long lanes) {
     __m256 acc[8];
