@@ -436,3 +436,35 @@ def test_attention_pairs_give_the_bits_of_one_query_at_a_time(shape, monkeypatch
         assert fused.calls > 0
     for a, b in zip(paired, single):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", list(ATTENTION_SHAPES))
+def test_native_attention_matches_torch_for_other_head_sizes(shape, monkeypatch, kernel_path):
+    """Head sizes other than 64 (72: a whole 64-dimension chunk and a tail of 8; 128: two chunks; 16) and
+    groups of 2-4 query heads per KV head: the native attention equals the torch path's (to rounding)
+    after a prefill long enough to cross several value blocks and the prefetch distance, for a decode
+    step and a 5-token verification of a ragged batch."""
+    hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
+    config = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=96, num_hidden_layers=2,
+                         max_position_embeddings=256, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    assert kernels.accelerate(model) > 0
+    tokens = torch.randint(0, 96, (2, 160), generator=torch.Generator().manual_seed(5))
+
+    def passes(on: bool) -> list[torch.Tensor]:
+        with Fused(on, monkeypatch) as fused:
+            cache = model.new_cache(2)
+            model.forward(tokens[:, :140], cache)
+            cache.commit(0, 140)
+            cache.commit(1, 121)  # ragged: row 1 keeps fewer slots
+            out = [model.forward(tokens[:, 140:141], cache)]
+            cache.commit(0, 1)
+            cache.commit(1, 1)
+            out.append(model.forward(tokens[:, 141:146], cache))
+            return out, fused.calls
+
+    (want, unfused_calls), (got, calls) = passes(False), passes(True)
+    assert unfused_calls == 0 and calls > 0
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
