@@ -396,6 +396,17 @@ ATTENTION_SHAPES = {  # hidden size, q heads, KV heads: head_dim 72 (16-lane chu
 }
 
 
+
+def _attention_model(shape: str) -> LlamaForCausalLM:
+    """A random 2-layer model of one of ATTENTION_SHAPES (up to 256 positions), accelerated."""
+    hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
+    config = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=96, num_hidden_layers=2,
+                         max_position_embeddings=256, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    assert kernels.accelerate(model) > 0
+    return model
+
 @pytest.mark.skipif(not kernels.avx512(), reason=f"attention pairs run with the AVX-512 loop only "
                     f"({kernels._avx512_reason or 'kernel unavailable'})")
 @pytest.mark.parametrize("shape", list(ATTENTION_SHAPES))
@@ -403,12 +414,7 @@ def test_attention_pairs_give_the_bits_of_one_query_at_a_time(shape, monkeypatch
     """Two queries per 512-bit register (set_attention_pairs, the default with AVX-512) do each query's
     arithmetic exactly as the 8-lane code does: every kind of pass (a long causal prefill crossing value
     blocks, decode, verification, a tree mask, a ragged batch of two rows) gives the same bits both ways."""
-    hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
-    config = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=96, num_hidden_layers=2,
-                         max_position_embeddings=128, num_attention_heads=heads, num_key_value_heads=kv_heads)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    assert kernels.accelerate(model) > 0
+    model = _attention_model(shape)
     tokens = torch.randint(0, 96, (2, 80), generator=torch.Generator().manual_seed(4))
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
 
@@ -444,12 +450,7 @@ def test_native_attention_matches_torch_for_other_head_sizes(shape, monkeypatch,
     groups of 2-4 query heads per KV head: the native attention equals the torch path's (to rounding)
     after a prefill long enough to cross several value blocks and the prefetch distance, for a decode
     step and a 5-token verification of a ragged batch."""
-    hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
-    config = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=96, num_hidden_layers=2,
-                         max_position_embeddings=256, num_attention_heads=heads, num_key_value_heads=kv_heads)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    assert kernels.accelerate(model) > 0
+    model = _attention_model(shape)
     tokens = torch.randint(0, 96, (2, 160), generator=torch.Generator().manual_seed(5))
 
     def passes(on: bool) -> list[torch.Tensor]:
