@@ -7,7 +7,7 @@
  * Q4_1 / Q8_0 blocks, multiplied by exactly their dequantized values (see load_w_q4_1).
  *
  * Shape letters: M input rows, K input features (multiple of 8; of 32 for blocks), N output features.
- * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident; 8 rows for one input row)
+ * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident; see weight_rows_per_block)
  * and, inside, chunks of at most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes
  * (partial dot products over a strided subset of k), reduced horizontally once at the end; NB, MB and
  * KU are compile-time constants after inlining. KU is 1 everywhere so that every output is summed in
@@ -222,15 +222,19 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
     }
 }
 
+/* Weight rows a weight_block covers: 4, or 8 for one input row of int8 or GGUF rows (8 FMA chains, see
+ * block). fp32 and bf16 rows keep 4 (experiments/one_row_ab.py, Zen 3 EPYC): bf16 1.1-1.2x faster at 4,
+ * fp32 1.02-1.06x at 1536x576 / 576x1536 but ~0.93x at 8192x576. */
+INLINE long weight_rows_per_block(int wt, long M) { return M == 1 && wt != 0 && wt != 1 ? 8 : 4; }
+
 /* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
  * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks).
- * One input row: rows n0 .. n0 + 7 (see block). */
+ * One input row: weight_rows_per_block rows in one block. */
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     if (M == 1) {
-        /* 8 weight rows (8 FMA chains) for int8 and GGUF rows; fp32 and bf16 rows measured faster at 4 */
-        if (wt == 0 || wt == 1) block(x, w, wt, y, bias, K, N, 0, 1, n0, 4);
-        else block(x, w, wt, y, bias, K, N, 0, 1, n0, 8);
+        if (weight_rows_per_block(wt, 1) == 8) block(x, w, wt, y, bias, K, N, 0, 1, n0, 8);
+        else block(x, w, wt, y, bias, K, N, 0, 1, n0, 4);
         return;
     }
     long m0 = 0;
@@ -515,7 +519,7 @@ static int run(const float *x, const void *w, int wtype, float *y, const float *
         run16(x, w, wtype, y, bias, M, K, N, threads);
         return 0;
     }
-    const long per_block = M == 1 && wtype != 0 && wtype != 1 ? 8 : 4;  /* weight rows a weight_block covers */
+    const long per_block = weight_rows_per_block(wtype, M);
     long blocks = (N + per_block - 1) / per_block;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long i = 0; i < blocks; i++) {
