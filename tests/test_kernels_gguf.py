@@ -52,8 +52,8 @@ def _packed(kind, out_features=38, in_features=96, seed=0):
     return packed, values, raw
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 16])
-@pytest.mark.parametrize("shape", [(38, 96), (384, 256)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 16])
+@pytest.mark.parametrize("shape", [(38, 96), (384, 256), (40, 1088)])
 @pytest.mark.parametrize("kind", KINDS)
 def test_blocks_multiply_by_the_dequantized_values(kind, shape, rows):
     packed, values, raw = _packed(kind, *shape, seed=rows)
@@ -68,13 +68,15 @@ def test_blocks_multiply_by_the_dequantized_values(kind, shape, rows):
         torch.testing.assert_close(got, kernels.linear(x, values, with_bias), rtol=1e-5, atol=1e-6 * float(scale))
 
 
+@pytest.mark.parametrize("in_features", [128, 1088])
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_row_gets_the_same_bits_alone_or_with_others(kind):
-    packed, _, _ = _packed(kind, 70, 128)
-    x = torch.randn(17, 128)
+def test_a_row_gets_the_same_bits_alone_or_with_others(kind, in_features):
+    packed, _, _ = _packed(kind, 70, in_features)
+    x = torch.randn(17, in_features)
     together = kernels.linear(x, packed)
-    # 1 and 2 rows dequantize and multiply row by row, 7 and 8 take a pass of their own (one dequantization)
-    for rows in (x[:2], x[:5], x[:7], x[:8], x):
+    # On the AVX2 loop 1 and 2 rows dequantize and multiply row by row, 3 to 16 go through panels of
+    # dequantized rows (1088 inputs: two panels, of 576 and 512), 17 through torch
+    for rows in (x[:2], x[:3], x[:4], x[:5], x[:7], x[:8], x[:16], x):
         batch = kernels.linear(rows, packed)
         for row in range(rows.shape[0]):
             assert torch.equal(kernels.linear(rows[row:row + 1], packed), batch[row:row + 1])
@@ -228,15 +230,19 @@ def test_a_model_on_block_weights_gives_torchs_logits(fused, tied, monkeypatch):
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_a_token_gets_the_same_bits_alone_or_verified_on_block_weights():
+@pytest.mark.parametrize("verified", [6, 17, 40])
+def test_a_token_gets_the_same_bits_alone_or_verified_on_block_weights(verified):
+    """Up to rows_for's limit for GGUF blocks (64 on every loop) every projection, the head's too, stays in
+    the kernel, whose sums do not depend on the rows."""
     model, _ = _gguf_model()
-    tokens = torch.randint(0, 96, (1, 14), generator=torch.Generator().manual_seed(4))
+    assert verified <= kernels.rows_for(model.lm_head.packed)
+    tokens = torch.randint(0, 96, (1, 8 + verified), generator=torch.Generator().manual_seed(4))
     together_cache, alone_cache = model.new_cache(1), model.new_cache(1)
     for cache in (together_cache, alone_cache):
         model(tokens[:, :8], cache)
         cache.commit(0, 8)
-    together = model(tokens[:, 8:14], together_cache)
-    for step in range(8, 14):
+    together = model(tokens[:, 8:], together_cache)
+    for step in range(8, 8 + verified):
         alone = model(tokens[:, step:step + 1], alone_cache)
         alone_cache.commit(0, 1)
-        assert torch.equal(alone[0, 0], together[0, step - 8])
+        assert torch.equal(alone[0, 0], together[0, step - 8]), step

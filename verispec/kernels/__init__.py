@@ -91,6 +91,11 @@ MAX_ROWS = 16  # beyond this torch's GEMM is as good on the AVX2 loop (measured:
 # passes of 4 or 8 rows x 5-8 positions: tiny target 8.96 vs 11.08 ms at 20 rows, 25.3 vs 27.7 ms at 64;
 # SmolLM2's Q4_1 blocks 73.7 vs 88.1 ms and 279 vs 299 ms (experiments/kernel_rows.py).
 MAX_ROWS_AVX512 = 64
+# GGUF block rows on the AVX2 loop: from 3 rows three weight rows are dequantized once into a panel and
+# multiplied 4 input rows at a time, which beat torch's fp32 GEMM of the dequantized weight up to 64 rows
+# (Zen 3 EPYC, one thread, weights in cache: 1536 x 576 at 32 / 64 rows 1.14 / 2.14 vs 1.20 / 2.38 ms,
+# 576 x 1536 0.80 / 1.80 vs 0.92 / 1.80, 8192 x 576 4.8 / 9.5 vs 10.1 / 16.2).
+MAX_ROWS_BLOCKS = 64
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
 # (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (experiments/amx_linear.py).
 # Whole decoder layers in one native call (``decoder_layer``) where the kernel applies; VERISPEC_FUSED_LAYERS=0
@@ -206,13 +211,13 @@ def _product(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
-    tiles (int16-held bf16, uint8-held int8, AMX_BLOCKS' GGUF blocks), INT8_ROWS for the AVX2 loop's int8 rows, ``max_rows()`` for
-    its other formats. GGUF blocks too: their dequantization is redone per chunk of 6 rows, and on the
-    Zen 3 torch's GEMM of the fp32 weight took 0.7x the kernel's time at 32 and 64 rows for 576 x 1536
-    and 1536 x 576 layers in cache (only a 49152 x 576 head still won at 32 rows)."""
+    tiles (int16-held bf16, uint8-held int8, AMX_BLOCKS' GGUF blocks), INT8_ROWS for the AVX2 loop's int8
+    rows, at least MAX_ROWS_BLOCKS for GGUF blocks (see there), ``max_rows()`` for the other formats."""
     if packed.dtype == torch.int8:
         return INT8_ROWS
-    return MAX_FUSED_AMX if packed.dtype in (torch.int16, torch.uint8, *AMX_BLOCKS.values()) else max_rows()
+    if packed.dtype in (torch.int16, torch.uint8, *AMX_BLOCKS.values()):
+        return MAX_FUSED_AMX
+    return max(max_rows(), MAX_ROWS_BLOCKS) if packed.dtype in GGUF_DTYPES else max_rows()
 
 
 def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -281,7 +286,11 @@ def status(model: nn.Module | None = None) -> str:
     unused = sum(getattr(m, "gguf_blocks", None) is not None and m.packed.dtype not in GGUF_DTYPES for m in layers)
     if unused:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
-    rows = f"<= {MAX_FUSED_AMX} rows on tiles, else <= {max_rows()}" if tiled or tiled_blocks else f"<= {max_rows()} rows"
+    limits = [f"<= {MAX_FUSED_AMX} rows on tiles"] if tiled or tiled_blocks else []
+    on_blocks = sum(m.packed.dtype in GGUF_DTYPES and m.packed.dtype not in AMX_BLOCKS.values() for m in layers)
+    if on_blocks and max(max_rows(), MAX_ROWS_BLOCKS) > max_rows():
+        limits.append(f"<= {max(max_rows(), MAX_ROWS_BLOCKS)} rows on GGUF blocks")
+    rows = ", ".join(limits + [f"else <= {max_rows()}" if limits else f"<= {max_rows()} rows"])
     weights = f"{bf16} with bf16 weights ({tiles}){int8}{blocks}"
     return f"on ({len(layers)} linear layers, {weights}, {rows}; {fused}; {paths()})"
 

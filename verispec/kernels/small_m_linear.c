@@ -8,7 +8,8 @@
  *
  * Shape letters: M input rows, K input features (multiple of 8; of 32 for blocks), N output features.
  * The outer loop walks blocks of 4 weight rows (4 * K values, L1-resident; see weight_rows_per_block)
- * and, inside, chunks of at most 6 input rows. A block keeps NB x MB x KU accumulators of 8 lanes
+ * and, inside, chunks of at most 6 input rows (GGUF blocks against 3 or more rows: 3 weight rows
+ * dequantized into a panel, see panel_block). A block keeps NB x MB x KU accumulators of 8 lanes
  * (partial dot products over a strided subset of k), reduced horizontally once at the end; NB, MB and
  * KU are compile-time constants after inlining. KU is 1 everywhere so that every output is summed in
  * the same order whatever M is: a row's result does not depend on which other rows share the call
@@ -222,14 +223,102 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
     }
 }
 
-/* Weight rows a weight_block covers: 4, or 8 for one input row of int8 or GGUF rows (8 FMA chains, see
- * block). fp32 and bf16 rows keep 4 (experiments/one_row_ab.py, Zen 3 EPYC): bf16 1.1-1.2x faster at 4,
- * fp32 1.02-1.06x at 1536x576 / 576x1536 but ~0.93x at 8192x576. */
-INLINE long weight_rows_per_block(int wt, long M) { return M == 1 && wt != 0 && wt != 1 ? 8 : 4; }
+/* GGUF block formats (dequantized by load_w_block). */
+INLINE int is_block_format(int wt) { return wt == 5 || wt == 6 || wt == 7 || wt == 10; }
+
+/* Input rows for which GGUF blocks go through panel_block rather than block (Zen 3 EPYC,
+ * experiments/one_row_ab.py, 1536 x 576, 576 x 1536 and 8192 x 576: Q4_1 1.1-1.3x faster from 4 rows,
+ * Q8_0 level at 3-4 rows, 1.15-1.25x at 6-8). */
+#define PANEL_MIN_ROWS 3
+#define PANEL_MAX_ROWS 64
+INLINE int use_panel(int wt, long M) {
+    return is_block_format(wt) && M >= PANEL_MIN_ROWS && M <= PANEL_MAX_ROWS;
+}
+
+/* Weight rows a weight_block covers: 4; 8 for one input row of int8 or GGUF rows (8 FMA chains, see
+ * block); 3 for GGUF rows against PANEL_MIN_ROWS or more (see panel_block). fp32 and bf16 rows keep 4 at
+ * one row (experiments/one_row_ab.py, Zen 3 EPYC): bf16 1.1-1.2x faster at 4, fp32 1.02-1.06x at
+ * 1536x576 / 576x1536 but ~0.93x at 8192x576. */
+INLINE long weight_rows_per_block(int wt, long M) {
+    if (use_panel(wt, M)) return 3;
+    return M == 1 && wt != 0 && wt != 1 ? 8 : 4;
+}
+
+/* Inputs a panel holds at most per weight row (a multiple of 64: whole Q4_1 pairs). K is cut into equal
+ * panels of whole multiples of 64: one panel up to PANEL_K (a short last panel cost its accumulators'
+ * reloads for few FMAs). */
+#ifndef PANEL_K
+#define PANEL_K 1024
+#endif
+/* acc[a][b] += panel rows a (3 dequantized weight rows, PANEL_K apart) x input rows m0 + b over the
+ * panel's kt inputs (xb: the inputs' first column), 8 lanes at a time; acc is kept in ``saved`` between
+ * panels (first: the first panel, acc starts at zero). */
+INLINE void panel_chunk(__m256 saved[3][PANEL_MAX_ROWS], int first, const float *panel, const float *xb, long K,
+                        long kt, long m0, const int MB) {
+    __m256 acc[8][8];
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < MB; b++) acc[a][b] = first ? _mm256_setzero_ps() : saved[a][m0 + b];
+    for (long j = 0; j < kt; j += 8) {
+        __m256 wv[8];
+        for (int a = 0; a < 3; a++) wv[a] = _mm256_loadu_ps(panel + a * PANEL_K + j);
+        accumulate(acc, wv, xb + m0 * K, K, j, MB, 3);
+    }
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < MB; b++) saved[a][m0 + b] = acc[a][b];
+}
+
+/* GGUF weight rows n0 .. n0 + 2 (rows >= N computed from row N - 1 and not stored) against M input rows
+ * (PANEL_MIN_ROWS .. PANEL_MAX_ROWS), a panel of at most PANEL_K inputs at a time: the three rows' blocks
+ * are dequantized once into fp32 (12 KB, in L1), then multiplied by the input rows 4 at a time: 3 x 4 = 12
+ * accumulators and 7 loads per 12 FMAs. Of the register blockings tried from L1 (Zen 3 EPYC, 8 rows) that
+ * one ran at ~36 G lane FMAs/s, 2 x 6 at ~27 and 1 x 8 at ~22; dequantizing in the loop held 1 x 8 to
+ * 15-18. Each output still sums its lanes k mod 8 in ascending k, as block does: the same bits as a pass
+ * of one row. */
+INLINE void panel_block(const float *x, const void *w, int wt, float *y, const float *bias, long M, long K,
+                        long N, long n0) {
+    const WeightRows rows = weight_rows(w, wt, K, N, n0, 3);
+    float panel[3 * PANEL_K] __attribute__((aligned(32)));
+    __m256 saved[3][PANEL_MAX_ROWS];
+    const long size = block_bytes(wt);
+    const long panels = (K + PANEL_K - 1) / PANEL_K;
+    const long width = panels == 1 ? K : (K / panels + 63) / 64 * 64;
+    for (long k0 = 0; k0 < K; k0 += width) {
+        const long kt = K - k0 < width ? K - k0 : width;
+        for (long k = k0; k < k0 + kt; k += 32) {
+            const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
+            prefetch_rows(&rows, 3, at + (wt == 7 ? 47 : size - 1));  /* as in block */
+            for (int a = 0; a < 3; a++)
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    const __m256 values = load_w_block(rows.start[a] + at, wt, k, g);
+                    _mm256_store_ps(panel + a * PANEL_K + (k - k0) + 8 * g, values);
+                }
+        }
+        const float *xb = x + k0;
+        const int first = k0 == 0;
+        /* Chunks of 4 rows; 5 and 6 left over go as 3 + 2 and 3 + 3 (9 accumulators or more keep the
+         * pipes busy, a chunk of 1 or 2 rows leaves them waiting on their latency). */
+        for (long m0 = 0; m0 < M;) {
+            const long left = M - m0;
+            switch (left == 5 || left == 6 ? 3 : left < 4 ? left : 4) {
+            case 4: panel_chunk(saved, first, panel, xb, K, kt, m0, 4); m0 += 4; break;
+            case 3: panel_chunk(saved, first, panel, xb, K, kt, m0, 3); m0 += 3; break;
+            case 2: panel_chunk(saved, first, panel, xb, K, kt, m0, 2); m0 += 2; break;
+            default: panel_chunk(saved, first, panel, xb, K, kt, m0, 1); m0 += 1; break;
+            }
+        }
+    }
+    for (long b = 0; b < M; b++) {
+        float *out = y + b * N;
+        for (int a = 0; a < 3; a++)
+            if (n0 + a < N) out[n0 + a] = hsum(saved[a][b]) + (bias ? bias[n0 + a] : 0.0f);
+    }
+}
 
 /* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
  * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks).
- * One input row: weight_rows_per_block rows in one block. */
+ * One input row: weight_rows_per_block rows in one block; GGUF blocks against PANEL_MIN_ROWS or more:
+ * rows n0 .. n0 + 2 through panel_block. */
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     if (M == 1) {
@@ -237,16 +326,11 @@ INLINE void weight_block(const float *x, const void *w, int wt, float *y, const 
         else block(x, w, wt, y, bias, K, N, 0, 1, n0, 4);
         return;
     }
-    long m0 = 0;
-    if ((wt == 5 || wt == 6 || wt == 7 || wt == 10) && M >= 7 && M <= 8) {
-        /* GGUF blocks: dequantizing a block costs about what multiplying it by 4 rows does, so 7-8 rows
-         * go through in one pass per weight row (one dequantization) rather than as 6 + 1-2. */
-        for (int a = 0; a < 4; a++) {
-            if (M == 8) block(x, w, wt, y, bias, K, N, 0, 8, n0 + a, 1);
-            else block(x, w, wt, y, bias, K, N, 0, 7, n0 + a, 1);
-        }
+    if (use_panel(wt, M)) {
+        panel_block(x, w, wt, y, bias, M, K, N, n0);
         return;
     }
+    long m0 = 0;
     for (; M - m0 >= 6; m0 += 6) {
         block(x, w, wt, y, bias, K, N, m0, 6, n0, 2);
         block(x, w, wt, y, bias, K, N, m0, 6, n0 + 2, 2);
