@@ -2,9 +2,11 @@
 or more builds of its C source interleaved call by call in one process: median ms of each build per format
 and shape, the lane FMAs a second that makes, and whether every build gives the same bits. One input row by
 default (decode's shape); --rows 8 is an 8-position verification's. A build is a git revision, WORK (the
-file on disk) or a copy of the source (a path ending in .c), optionally with compiler flags (WORK:-DPANEL_K=512), as in kernel_ab.py, which compares whole model passes instead.
+file on disk) or a copy of the source (a path ending in .c), optionally with compiler flags
+(WORK:-DPANEL_K=512), as in kernel_ab.py, which compares whole model passes instead.
 
     OMP_NUM_THREADS=1 python experiments/one_row_ab.py BEFORE AFTER [--calls 300] [--rows 1] [--formats q4_1]
+        [--shapes 1536x576,576x1536]
 """
 import argparse
 import ctypes
@@ -19,7 +21,7 @@ import numpy as np
 from verispec import kernels
 
 FORMATS = {0: "fp32", 1: "bf16", 3: "int8", 5: "q4_1", 6: "q8_0"}  # the kernel's weight types (see run())
-SHAPES = [(1536, 576), (576, 1536), (8192, 576)] if "SHAPES" not in __import__("os").environ else eval(__import__("os").environ["SHAPES"])  # (N, K): SmolLM2's MLP in / out, a draft's LM head
+SHAPES = "1536x576,576x1536,8192x576"  # (N x K): SmolLM2's MLP in / out, a draft's LM head  # (N, K): SmolLM2's MLP in / out, a draft's LM head
 
 
 def build(spec: str, folder: Path, index: int) -> ctypes.CDLL:
@@ -59,6 +61,7 @@ def weights(wt: int, n: int, k: int, rng) -> np.ndarray:
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("builds", nargs="+", help="git revisions, WORK or a .c file, each optionally :-DNAME=VALUE ...")
 parser.add_argument("--calls", type=int, default=300)
+parser.add_argument("--shapes", default=SHAPES, help="comma-separated N x K (outputs x inputs)")
 parser.add_argument("--rows", type=int, default=1, help="input rows M (1: decode; 8: an 8-position pass)")
 parser.add_argument("--formats", default=",".join(FORMATS.values()), help="comma-separated, of " + ", ".join(
     FORMATS.values()))
@@ -70,7 +73,7 @@ with tempfile.TemporaryDirectory() as scratch:
     for wt, name in FORMATS.items():
         if name not in chosen:
             continue
-        for n, k in SHAPES:
+        for n, k in (tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")):
             w, x = weights(wt, n, k, rng), rng.standard_normal((args.rows, k)).astype(np.float32)
             ys = {revision: np.zeros((args.rows, n), np.float32) for revision in libs}
             times = {revision: [] for revision in libs}
