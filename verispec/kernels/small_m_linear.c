@@ -114,6 +114,9 @@ INLINE __m256 load_w_block(const char *block, int wt, long k, int g) {
          : wt == 10 ? load_w_q6_k(block, g) : load_w_q8_0(block, g);
 }
 
+/* GGUF block formats (dequantized by load_w_block). */
+INLINE int is_block_format(int wt) { return wt == 5 || wt == 6 || wt == 7 || wt == 10; }
+
 /* Bytes per 32 weights of the block formats: Q4_1 (5), Q8_0 (6), Q4_1 pairs (7, half a pair), Q6_K rows (10). */
 INLINE long block_bytes(int wt) { return wt == 5 ? 20 : wt == 7 ? 24 : wt == 10 ? 40 : 34; }
 
@@ -170,7 +173,7 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
         for (int b = 0; b < MB; b++) acc[a][b] = _mm256_setzero_ps();
     const float *xb = x + m0 * K;
     __m256 wv[8];
-    if (wt == 5 || wt == 6 || wt == 7 || wt == 10) {
+    if (is_block_format(wt)) {
         const long size = block_bytes(wt);
         for (long k = 0; k < K; k += 32) {
             const long at = wt == 7 ? k / 64 * 48 : k / 32 * size;
@@ -222,9 +225,6 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
             if (n0 + a < N) out[n0 + a] = hsum(acc[a][b]) * rows.scale[a] + (bias ? bias[n0 + a] : 0.0f);
     }
 }
-
-/* GGUF block formats (dequantized by load_w_block). */
-INLINE int is_block_format(int wt) { return wt == 5 || wt == 6 || wt == 7 || wt == 10; }
 
 /* Input rows for which GGUF blocks go through panel_block rather than block (Zen 3 EPYC,
  * experiments/one_row_ab.py, 1536 x 576, 576 x 1536 and 8192 x 576: Q4_1 1.1-1.3x faster from 4 rows,
