@@ -396,7 +396,6 @@ ATTENTION_SHAPES = {  # hidden size, q heads, KV heads: head_dim 72 (16-lane chu
 }
 
 
-
 def _attention_model(shape: str) -> LlamaForCausalLM:
     """A random 2-layer model of one of ATTENTION_SHAPES (up to 256 positions), accelerated."""
     hidden, heads, kv_heads = ATTENTION_SHAPES[shape]
@@ -406,6 +405,7 @@ def _attention_model(shape: str) -> LlamaForCausalLM:
     model = LlamaForCausalLM(config).eval()
     assert kernels.accelerate(model) > 0
     return model
+
 
 @pytest.mark.skipif(not kernels.avx512(), reason=f"attention pairs run with the AVX-512 loop only "
                     f"({kernels._avx512_reason or 'kernel unavailable'})")
@@ -453,7 +453,7 @@ def test_native_attention_matches_torch_for_other_head_sizes(shape, monkeypatch,
     model = _attention_model(shape)
     tokens = torch.randint(0, 96, (2, 160), generator=torch.Generator().manual_seed(5))
 
-    def passes(on: bool) -> list[torch.Tensor]:
+    def passes(on: bool) -> tuple[list[torch.Tensor], int]:
         with Fused(on, monkeypatch) as fused:
             cache = model.new_cache(2)
             model.forward(tokens[:, :140], cache)

@@ -70,13 +70,14 @@ def test_blocks_multiply_by_the_dequantized_values(kind, shape, rows):
 
 @pytest.mark.parametrize("in_features", [128, 1088])
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_row_gets_the_same_bits_alone_or_with_others(kind, in_features):
+def test_a_row_gets_the_same_bits_alone_or_with_others(kind, in_features, monkeypatch):
+    monkeypatch.setattr(kernels, "MAX_ROWS_BLOCKS", 80)  # 70 rows in the kernel too
     packed, _, _ = _packed(kind, 70, in_features)
-    x = torch.randn(17, in_features)
+    x = torch.randn(70, in_features)
     together = kernels.linear(x, packed)
-    # On the AVX2 loop 1 and 2 rows dequantize and multiply row by row, 3 to 16 go through panels of
-    # dequantized rows (1088 inputs: two panels, of 576 and 512), 17 through torch
-    for rows in (x[:2], x[:3], x[:4], x[:5], x[:7], x[:8], x[:16], x):
+    # On the AVX2 loop 1 and 2 rows dequantize and multiply row by row, 3 or more go through panels of
+    # dequantized rows (1088 inputs: two panels, of 576 and 512), 64 input rows at a time (70: 64 + 6)
+    for rows in (x[:2], x[:3], x[:4], x[:5], x[:7], x[:8], x[:16], x[:17], x):
         batch = kernels.linear(rows, packed)
         for row in range(rows.shape[0]):
             assert torch.equal(kernels.linear(rows[row:row + 1], packed), batch[row:row + 1])

@@ -151,6 +151,12 @@ def max_rows() -> int:
     return MAX_ROWS_AVX512 if avx512() else MAX_ROWS
 
 
+def max_block_rows() -> int:
+    """Rows up to which GGUF block rows (not AMX-tiled) take the kernel: the larger of MAX_ROWS_BLOCKS and
+    ``max_rows()``."""
+    return max(max_rows(), MAX_ROWS_BLOCKS)
+
+
 def max_fused() -> int:
     """Rows a fused decoder-layer pass may take: MAX_FUSED_AMX where AMX multiplies, else MAX_FUSED."""
     return MAX_FUSED_AMX if amx() else MAX_FUSED
@@ -212,12 +218,12 @@ def _product(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torc
 def rows_for(packed: torch.Tensor) -> int:
     """Rows up to which a linear layer with this packed weight takes the kernel: MAX_FUSED_AMX on AMX
     tiles (int16-held bf16, uint8-held int8, AMX_BLOCKS' GGUF blocks), INT8_ROWS for the AVX2 loop's int8
-    rows, at least MAX_ROWS_BLOCKS for GGUF blocks (see there), ``max_rows()`` for the other formats."""
+    rows, ``max_block_rows()`` for GGUF blocks, ``max_rows()`` for the other formats."""
     if packed.dtype == torch.int8:
         return INT8_ROWS
     if packed.dtype in (torch.int16, torch.uint8, *AMX_BLOCKS.values()):
         return MAX_FUSED_AMX
-    return max(max_rows(), MAX_ROWS_BLOCKS) if packed.dtype in GGUF_DTYPES else max_rows()
+    return max_block_rows() if packed.dtype in GGUF_DTYPES else max_rows()
 
 
 def weight_for_rows(packed: torch.Tensor, quantized: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -288,8 +294,8 @@ def status(model: nn.Module | None = None) -> str:
         blocks += f", {unused} with GGUF blocks not used (another format, K % 32, or not the weight's values)"
     limits = [f"<= {MAX_FUSED_AMX} rows on tiles"] if tiled or tiled_blocks else []
     on_blocks = sum(m.packed.dtype in GGUF_DTYPES and m.packed.dtype not in AMX_BLOCKS.values() for m in layers)
-    if on_blocks and max(max_rows(), MAX_ROWS_BLOCKS) > max_rows():
-        limits.append(f"<= {max(max_rows(), MAX_ROWS_BLOCKS)} rows on GGUF blocks")
+    if on_blocks and max_block_rows() > max_rows():
+        limits.append(f"<= {max_block_rows()} rows on GGUF blocks")
     rows = ", ".join(limits + [f"else <= {max_rows()}" if limits else f"<= {max_rows()} rows"])
     weights = f"{bf16} with bf16 weights ({tiles}){int8}{blocks}"
     return f"on ({len(layers)} linear layers, {weights}, {rows}; {fused}; {paths()})"

@@ -181,32 +181,18 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
              * spans at most two lines, and the line of its first byte holds its predecessor's last byte).
              * Unconditional: a check for a new line cost as much as the repeats. */
             prefetch_rows(&rows, NB, at + (wt == 7 ? 47 : size - 1));
-            if (MB <= 2) {
-                /* One or two input rows: each weight row's block dequantized and multiplied in turn, 8
-                 * independent FMA chains (NB 8 at one row, 4 x 2 at two) kept busy, where dequantizing
-                 * all NB rows first left one row's 4 chains waiting on their latency (Zen 3 EPYC, one
-                 * thread, SmolLM2: decode 19.7 -> 18.3 ms, a 2-position pass ~25.5 -> 23.3). Each output
-                 * still sums lanes k mod 8 in ascending k: the same bits as the path below. */
-                for (int a = 0; a < NB; a++)
-#pragma GCC unroll 4
-                    for (int g = 0; g < 4; g++) {
-                        const __m256 w8 = load_w_block(rows.start[a] + at, wt, k, g);
-                        for (int b = 0; b < MB; b++)
-                            acc[a][b] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + b * K + k + 8 * g), acc[a][b]);
-                    }
-                continue;
-            }
-            /* Three or more input rows: the NB rows' blocks dequantized first, then multiplied (no faster
-             * interleaved at 3-4 rows; it once spilled registers, 1.3x the time, 576 x 1536 Q4_1). */
-            __m256 dequantized[4][4];
+            /* One or two input rows (more go through panel_block): each weight row's block dequantized
+             * and multiplied in turn, 8 independent FMA chains (NB 8 at one row, 4 x 2 at two) kept busy,
+             * where dequantizing all NB rows first left one row's 4 chains waiting on their latency (Zen 3
+             * EPYC, one thread, SmolLM2: decode 19.7 -> 18.3 ms, a 2-position pass ~25.5 -> 23.3). Each
+             * output sums lanes k mod 8 in ascending k, as panel_block's do. */
             for (int a = 0; a < NB; a++)
 #pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) dequantized[a][g] = load_w_block(rows.start[a] + at, wt, k, g);
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                for (int a = 0; a < NB; a++) wv[a] = dequantized[a][g];
-                accumulate(acc, wv, xb, K, k + 8 * g, MB, NB);
-            }
+                for (int g = 0; g < 4; g++) {
+                    const __m256 w8 = load_w_block(rows.start[a] + at, wt, k, g);
+                    for (int b = 0; b < MB; b++)
+                        acc[a][b] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(xb + b * K + k + 8 * g), acc[a][b]);
+                }
         }
     } else {
         const long esize = wt == 0 ? 4 : wt == 1 ? 2 : 1;
@@ -226,14 +212,13 @@ INLINE void block(const float *x, const void *w, int wt, float *y, const float *
     }
 }
 
-/* Input rows for which GGUF blocks go through panel_block rather than block (Zen 3 EPYC,
+/* Input rows from which GGUF blocks go through panel_block rather than block (Zen 3 EPYC,
  * experiments/one_row_ab.py, 1536 x 576, 576 x 1536 and 8192 x 576: Q4_1 1.1-1.3x faster from 4 rows,
- * Q8_0 level at 3-4 rows, 1.15-1.25x at 6-8). */
+ * Q8_0 level at 3-4 rows, 1.15-1.25x at 6-8, both 1.3-1.9x at 17-64), in slices of at most
+ * PANEL_MAX_ROWS rows (the accumulators a panel keeps). */
 #define PANEL_MIN_ROWS 3
 #define PANEL_MAX_ROWS 64
-INLINE int use_panel(int wt, long M) {
-    return is_block_format(wt) && M >= PANEL_MIN_ROWS && M <= PANEL_MAX_ROWS;
-}
+INLINE int use_panel(int wt, long M) { return is_block_format(wt) && M >= PANEL_MIN_ROWS; }
 
 /* Weight rows a weight_block covers: 4; 8 for one input row of int8 or GGUF rows (8 FMA chains, see
  * block); 3 for GGUF rows against PANEL_MIN_ROWS or more (see panel_block). fp32 and bf16 rows keep 4 at
@@ -268,10 +253,10 @@ INLINE void panel_chunk(__m256 saved[3][PANEL_MAX_ROWS], int first, const float 
 }
 
 /* GGUF weight rows n0 .. n0 + 2 (rows >= N computed from row N - 1 and not stored) against M input rows
- * (PANEL_MIN_ROWS .. PANEL_MAX_ROWS), a panel of at most PANEL_K inputs at a time: the three rows' blocks
- * are dequantized once into fp32 (12 KB, in L1), then multiplied by the input rows 4 at a time: 3 x 4 = 12
- * accumulators and 7 loads per 12 FMAs. Of the register blockings tried from L1 (Zen 3 EPYC, 8 rows) that
- * one ran at ~36 G lane FMAs/s, 2 x 6 at ~27 and 1 x 8 at ~22; dequantizing in the loop held 1 x 8 to
+ * (1 .. PANEL_MAX_ROWS), a panel of at most PANEL_K inputs at a time: the three rows' blocks are
+ * dequantized once into fp32 (12 KB, in L1), then multiplied by the input rows 4 at a time: 3 x 4 = 12
+ * accumulators and 7 loads per 12 FMAs. Of the register blockings tried (experiments/register_blocks.c,
+ * 8 rows) that one ran at ~36 G lane FMAs/s, 2 x 6 at ~27 and 1 x 8 at ~22; dequantizing in the loop held 1 x 8 to
  * 15-18. Each output still sums its lanes k mod 8 in ascending k, as block does: the same bits as a pass
  * of one row. */
 INLINE void panel_block(const float *x, const void *w, int wt, float *y, const float *bias, long M, long K,
@@ -318,7 +303,7 @@ INLINE void panel_block(const float *x, const void *w, int wt, float *y, const f
 /* Weight rows n0 .. n0 + 3 against every input row, in chunks of at most 6 input rows: 2 x 6 = 12
  * accumulators keep both FMA pipes busy through their latency (an 8-row pass was 2 x 4-row chunks).
  * One input row: weight_rows_per_block rows in one block; GGUF blocks against PANEL_MIN_ROWS or more:
- * rows n0 .. n0 + 2 through panel_block. */
+ * rows n0 .. n0 + 2 through panel_block, PANEL_MAX_ROWS input rows at a time. */
 INLINE void weight_block(const float *x, const void *w, int wt, float *y, const float *bias,
                          long M, long K, long N, long n0) {
     if (M == 1) {
@@ -327,7 +312,9 @@ INLINE void weight_block(const float *x, const void *w, int wt, float *y, const 
         return;
     }
     if (use_panel(wt, M)) {
-        panel_block(x, w, wt, y, bias, M, K, N, n0);
+        for (long m0 = 0; m0 < M; m0 += PANEL_MAX_ROWS)
+            panel_block(x + m0 * K, w, wt, y + m0 * N, bias, M - m0 < PANEL_MAX_ROWS ? M - m0 : PANEL_MAX_ROWS, K,
+                        N, n0);
         return;
     }
     long m0 = 0;
