@@ -94,7 +94,7 @@ MAX_ROWS_AVX512 = 64
 # GGUF block rows on the AVX2 loop: from 3 rows three weight rows are dequantized once into a panel and
 # multiplied 4 input rows at a time, which beat torch's fp32 GEMM of the dequantized weight up to 64 rows
 # (Zen 3 EPYC, one thread, weights in cache: 1536 x 576 at 32 / 64 rows 1.14 / 2.14 vs 1.20 / 2.38 ms,
-# 576 x 1536 0.80 / 1.80 vs 0.92 / 1.80, 8192 x 576 4.8 / 9.5 vs 10.1 / 16.2).
+# 576 x 1536 0.80 / 1.80 vs 0.92 / 1.80, 8192 x 576 4.8 / 9.5 vs 10.1 / 16.2; experiments/blocks_vs_torch.py).
 MAX_ROWS_BLOCKS = 64
 # On AMX tiles the kernel beats torch's fp32 GEMM far beyond 16 rows: the embedded target's LM head
 # (8192 x 384) costs 0.48 vs 1.55 ms at 32 rows and 1.49 vs 4.47 ms at 128 (experiments/amx_linear.py).
